@@ -1,0 +1,48 @@
+# `make repro` and `make test` are the two commands a person needs (see README).
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(CURDIR)/$(VENV)/bin
+# The CI/offline mirror of raw datasets, used when present (a download is tried otherwise).
+ifneq ($(wildcard ../shared/datasets),)
+export REPROGATE_MIRROR ?= $(abspath ../shared/datasets)
+endif
+export PATH := $(BIN):$(PATH)
+export HF_HUB_OFFLINE ?= 1
+export TRANSFORMERS_OFFLINE ?= 1
+export HF_DATASETS_OFFLINE ?= 1
+
+.PHONY: venv repro test lint lock bench clean
+
+# Rebuilt whenever the lock or the project metadata changes.
+$(VENV)/.installed: requirements.lock pyproject.toml
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.lock
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps -e .
+	touch $@
+
+venv: $(VENV)/.installed
+
+repro: venv
+	reprogate compile --check
+	dvc repro
+
+test: venv
+	ruff check src tests
+	reprogate validate specs/
+	reprogate compile --check
+	python -m pytest
+
+lint: venv
+	ruff check src tests
+	ruff format --check src tests
+
+bench: venv
+	python -m pytest bench --benchmark-enable -q
+
+lock: venv
+	{ head -3 requirements.lock; python -m pip freeze --exclude-editable | sed 's/^torch==\(.*\)+cpu$$/torch==\1/'; } > requirements.lock.new
+	mv requirements.lock.new requirements.lock
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,104 @@
+"""Pinned raw files: a local mirror first (by file name and sha256), then the pinned source.
+
+Nothing is parsed before its sha256 matches the spec. Downloads land in data/raw/ (git- and
+DVC-ignored cache) through a temporary name, so a broken download never looks complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+from reprogate.errors import UserError
+from reprogate.specs import HfSource, LocalSource, Origin, UrlSource
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def mirror_dirs(root: Path) -> list[Path]:
+    """REPROGATE_MIRROR (os.pathsep-separated) wins over params.yaml's `mirror`."""
+    env = os.environ.get("REPROGATE_MIRROR")
+    if env:
+        entries = [e for e in env.split(os.pathsep) if e]
+    else:
+        params = root / "params.yaml"
+        value = (yaml.safe_load(params.read_text()) or {}).get("mirror") if params.is_file() else None
+        entries = [value] if isinstance(value, str) and value else list(value or [])
+    return [d for d in ((root / e).resolve() for e in entries) if d.is_dir()]
+
+
+def _from_mirror(name: str, sha: str, mirrors: list[Path]) -> Path | None:
+    basename = Path(name).name
+    for m in mirrors:
+        for candidate in sorted(m.rglob(basename)):
+            if candidate.is_file() and sha256_file(candidate) == sha:
+                return candidate
+    return None
+
+
+def _download(url: str, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".part")
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r, open(tmp, "wb") as f:
+            while block := r.read(1 << 20):
+                f.write(block)
+    except (urllib.error.URLError, OSError) as e:
+        tmp.unlink(missing_ok=True)
+        raise UserError(
+            f"could not download {url} ({e}). This machine may be offline: put the file in a "
+            "local mirror folder (params.yaml 'mirror' or REPROGATE_MIRROR) and run again."
+        ) from None
+    os.replace(tmp, dest)
+
+
+def fetch_origin(name: str, origin: Origin, spec_path: Path, root: Path) -> dict[str, Path]:
+    """Return a verified local path for every file the origin pins, or raise UserError."""
+    mirrors = mirror_dirs(root)
+    out: dict[str, Path] = {}
+    for fname, sha in origin.files.items():
+        src = origin.source
+        if isinstance(src, LocalSource):
+            path = root / src.path / fname
+            where = f"local folder {root / src.path}"
+            if not path.is_file():
+                raise UserError(
+                    f"{spec_path}: origins.{name}.files: {fname} is missing from {where}; "
+                    "put it there or fix origins.{name}.source.path."
+                )
+        else:
+            path = _from_mirror(fname, sha, mirrors)
+            where = "mirror"
+            if path is None:
+                path = root / "data" / "raw" / name / src.revision / fname
+                if not (path.is_file() and sha256_file(path) == sha):
+                    url = _url(src, fname)
+                    where = url
+                    _download(url, path)
+        actual = sha256_file(path)
+        if actual != sha:
+            raise UserError(
+                f"{spec_path}: origins.{name}.files.{fname}: sha256 mismatch for {path} (from "
+                f"{where}): expected {sha}, actual {actual}. The file changed or is the wrong "
+                "one; restore the pinned file, or if the new file is intended, review it and "
+                "put its sha256 in the spec. Nothing was written."
+            )
+        out[fname] = path
+    return out
+
+
+def _url(src: UrlSource | HfSource, fname: str) -> str:
+    if isinstance(src, UrlSource):
+        return src.url.format(revision=src.revision, file=fname)
+    return f"https://huggingface.co/datasets/{src.repo}/resolve/{src.revision}/{fname}"

@@ -1,0 +1,293 @@
+"""Stage `prepare`: pinned raw files -> audited, split, canonical JSONL under data/prepared/.
+
+Order matters: verify every sha256 before parsing anything, fail on any label outside the
+vocabulary before writing anything, and count every row that is dropped, by reason.
+Outputs are byte-identical for the same spec and raw files.
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import json
+import logging
+import shutil
+import tempfile
+import unicodedata
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from reprogate.errors import UserError
+from reprogate.fetch import fetch_origin, sha256_file
+from reprogate.specs import DataSpec, Normalization, Table, find_root, load_spec
+
+PREPARED = Path("data/prepared")
+DATA_METRICS = Path("metrics/data.json")
+
+
+@dataclass
+class Row:
+    id: str
+    text: str
+    label: str | None  # None: out of scope (no intent)
+    source_label: str | None = None
+
+
+@dataclass
+class Split:
+    rows: list[Row]
+    dropped: Counter = field(default_factory=Counter)
+
+
+def canonical_text(text: str) -> str:
+    """Stored form: NFC, whitespace runs (including quoted newlines) folded to one space."""
+    return " ".join(unicodedata.normalize("NFC", text).split())
+
+
+def normalize(text: str, n: Normalization) -> str:
+    """Key used only for duplicate audits."""
+    if n.unicode_form != "none":
+        text = unicodedata.normalize(n.unicode_form, text)
+    if n.lowercase:
+        text = text.casefold()
+    if n.strip_punctuation:
+        text = "".join(" " if unicodedata.category(c).startswith("P") else c for c in text)
+    if n.collapse_whitespace:
+        text = " ".join(text.split())
+    return text
+
+
+def _read_table(t: Table, path: Path) -> list[tuple[str, str, str | None]]:
+    """(id, text, source label) for every row, read through `datasets`."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    logging.getLogger("datasets").setLevel(logging.ERROR)
+    if t.format == "clinc_json":
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        items = [(f"{t.file}:{k}:{i}", x[0], x[1]) for k in t.keys for i, x in enumerate(raw[k])]
+        ds = datasets.Dataset.from_dict(
+            {
+                "id": [i for i, _, _ in items],
+                "text": [x for _, x, _ in items],
+                "label": [y for _, _, y in items],
+            }
+        )
+        return list(zip(ds["id"], ds["text"], ds["label"], strict=True))
+    with tempfile.TemporaryDirectory() as cache:
+        if t.format == "csv":
+            with open(path, newline="", encoding="utf-8") as f:
+                header = next(csv.reader(f), [])
+            features = datasets.Features({c: datasets.Value("string") for c in header})
+            ds = datasets.load_dataset(
+                "csv",
+                data_files=str(path),
+                split="train",
+                cache_dir=cache,
+                features=features,
+                keep_default_na=False,
+                na_filter=False,
+            )
+        else:
+            ds = datasets.load_dataset("json", data_files=str(path), split="train", cache_dir=cache)
+        for col in (t.text_field, t.label_field):
+            if col not in ds.column_names:
+                raise UserError(
+                    f"{path}: has no column '{col}' (columns: {ds.column_names}); set the "
+                    "table's text_field / label_field in the data spec to the right names."
+                )
+        texts, labels = ds[t.text_field], ds[t.label_field]
+    return [
+        (f"{t.file}:{i}", x or "", None if y is None else str(y))
+        for i, (x, y) in enumerate(zip(texts, labels, strict=True))
+    ]
+
+
+def _load(
+    spec_path: Path,
+    t: Table,
+    where: str,
+    path: Path,
+    vocab: set[str] | None,
+    labels: list[str],
+) -> Split:
+    """Canonicalise one table; `vocab` set means labels must be in it (else error)."""
+    split = Split(rows=[])
+    bad: list[tuple[str, str]] = []
+    for rid, text, label in _read_table(t, path):
+        if label in t.exclude_labels:
+            split.dropped["excluded_label"] += 1
+            continue
+        text = canonical_text(text)
+        if not text:
+            split.dropped["empty_text"] += 1
+            continue
+        if vocab is not None and label not in vocab:
+            bad.append((rid, label))
+            continue
+        split.rows.append(Row(rid, text, label if vocab is not None else None, label))
+    if bad:
+        counts = Counter(lbl for _, lbl in bad)
+        worst = ", ".join(f"'{lbl}' ({n} rows{_closest(lbl, labels)})" for lbl, n in counts.most_common(5))
+        raise UserError(
+            f"{spec_path}: {where} ({path}) has {len(bad)} row(s) whose label is not in the "
+            f"spec's 'labels' vocabulary: {worst}; first at row {bad[0][0]}. Nothing was "
+            "written and no row was skipped: add the label to 'labels' (the head grows with "
+            "it) or fix the data file and its sha256."
+        )
+    return split
+
+
+def _closest(label: str | None, labels: list[str]) -> str:
+    close = difflib.get_close_matches(str(label), labels, n=1)
+    return f", did you mean '{close[0]}'?" if close else ""
+
+
+def _dedupe(split: Split, key, forbidden: set[str], reason_forbidden: str) -> None:
+    kept: list[Row] = []
+    first_label: dict[str, str | None] = {}
+    for r in split.rows:
+        k = key(r.text)
+        if k in forbidden:
+            split.dropped[reason_forbidden] += 1
+        elif k in first_label:
+            same = first_label[k] == r.label
+            split.dropped["duplicate" if same else "duplicate_with_other_label"] += 1
+        else:
+            first_label[k] = r.label
+            kept.append(r)
+    split.rows = kept
+
+
+def _carve(rows: list[Row], spec: DataSpec) -> tuple[list[Row], list[Row], list[Row]]:
+    """Seeded, label-stratified validation and calibration partitions out of train."""
+    rng = np.random.default_rng(spec.split.seed)
+    groups: dict[str | None, list[int]] = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(r.label if spec.split.stratify else None, []).append(i)
+    order = spec.labels if spec.split.stratify else [None]
+    val, cal = set(), set()
+    for label in order:
+        idx = groups.get(label, [])
+        perm = rng.permutation(len(idx))
+        n_val = round(spec.split.validation * len(idx))
+        n_cal = round(spec.split.calibration * len(idx))
+        val.update(idx[j] for j in perm[:n_val])
+        cal.update(idx[j] for j in perm[n_val : n_val + n_cal])
+    train = [r for i, r in enumerate(rows) if i not in val and i not in cal]
+    return train, [rows[i] for i in sorted(val)], [rows[i] for i in sorted(cal)]
+
+
+def _write_jsonl(path: Path, rows: list[Row]) -> str:
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        for r in rows:
+            obj = {"id": r.id, "text": r.text, "label": r.label}
+            if r.label is None:
+                obj["source_label"] = r.source_label
+            f.write(json.dumps(obj, ensure_ascii=False, sort_keys=True) + "\n")
+    return sha256_file(path)
+
+
+def prepare(
+    spec_path: Path, root: Path | None = None, out_dir: Path | None = None, metrics_path: Path | None = None
+) -> dict:
+    root = root or find_root(spec_path.parent)
+    out_dir = out_dir or root / PREPARED
+    metrics_path = metrics_path or root / DATA_METRICS
+    spec = load_spec(spec_path, DataSpec)
+
+    files = {n: fetch_origin(n, o, spec_path, root) for n, o in spec.origins.items()}
+    vocab = set(spec.labels)
+
+    def load(t: Table, where: str, in_vocab: bool) -> Split:
+        return _load(spec_path, t, where, files[t.origin][t.file], vocab if in_vocab else None, spec.labels)
+
+    train = load(spec.train, "train", True)
+    heldout: dict[str, Split] = {"test": load(spec.test, "test", True)}
+    for name, e in spec.eval_sets.items():
+        heldout[name] = load(e.table, f"eval_sets.{name}", e.kind == "labelled")
+    negatives = Split(rows=[])
+    for i, t in enumerate(spec.negatives):
+        part = load(t, f"negatives[{i}]", False)
+        negatives.rows += part.rows
+        negatives.dropped += part.dropped
+
+    key = lambda text: normalize(text, spec.normalization)  # noqa: E731
+    audit = {
+        "duplicates_within": {
+            n: _dup_count(s.rows, key) for n, s in {"train": train, **heldout, "negatives": negatives}.items()
+        },
+        "overlap_with_train": {n: _overlap(train.rows, s.rows, key) for n, s in heldout.items()},
+    }
+    heldout_keys = {key(r.text) for s in heldout.values() for r in s.rows}
+    if spec.dedupe_train:
+        _dedupe(train, key, heldout_keys, "duplicate_of_heldout")
+    in_scope_keys = {key(r.text) for r in train.rows} | {key(r.text) for r in heldout["test"].rows}
+    _dedupe(negatives, key, heldout_keys | in_scope_keys, "duplicate_of_in_scope_or_heldout")
+
+    tr, val, cal = _carve(train.rows, spec)
+    empty = [n for n, rows in {"train": tr, "validation": val, "calibration": cal}.items() if not rows]
+    if empty:
+        raise UserError(
+            f"{spec_path}: split: partition(s) {empty} came out empty ({len(train.rows)} train "
+            "rows after audits); lower split.validation / split.calibration or add data."
+        )
+    missing = [lbl for lbl in spec.labels if not any(r.label == lbl for r in tr)]
+    if missing:
+        raise UserError(
+            f"{spec_path}: labels {missing[:5]} have no train rows left after the split; a "
+            "head cannot learn them. Add examples, remove the labels, or lower the fractions."
+        )
+
+    outputs = {"train": tr, "validation": val, "calibration": cal, **{n: s.rows for n, s in heldout.items()}}
+    if spec.negatives:
+        outputs["negatives"] = negatives.rows
+    # Build in a sibling temp folder and swap, so a failure never leaves a half-written set.
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".prepared-", dir=out_dir.parent))
+    tmp.chmod(0o755)
+    try:
+        hashes = {n: _write_jsonl(tmp / f"{n}.jsonl", rows) for n, rows in outputs.items()}
+        (tmp / "labels.json").write_text(json.dumps(spec.labels, ensure_ascii=False, indent=1) + "\n")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    metrics = {
+        "dataset": spec.id,
+        "labels": len(spec.labels),
+        "rows": {n: len(rows) for n, rows in outputs.items()},
+        "dropped": {
+            "train": dict(sorted(train.dropped.items())),
+            **{n: dict(sorted(s.dropped.items())) for n, s in heldout.items()},
+            "negatives": dict(sorted(negatives.dropped.items())),
+        },
+        "audit": audit,
+        "sha256": hashes,
+        "raw_sha256": {f"{o}/{f}": s for o, org in spec.origins.items() for f, s in org.files.items()},
+    }
+    metrics_path.parent.mkdir(parents=True, exist_ok=True)
+    metrics_path.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    return metrics
+
+
+def _dup_count(rows: list[Row], key) -> int:
+    c = Counter(key(r.text) for r in rows)
+    return sum(n - 1 for n in c.values() if n > 1)
+
+
+def _overlap(train: list[Row], other: list[Row], key) -> int:
+    keys = {key(r.text) for r in train}
+    return sum(1 for r in other if key(r.text) in keys)
+
+
+def summary(m: dict) -> str:
+    rows = ", ".join(f"{n} {c}" for n, c in m["rows"].items())
+    dropped = sum(sum(d.values()) for d in m["dropped"].values())
+    return f"prepare: {m['dataset']}: {rows}; {dropped} rows dropped (by reason in metrics/data.json)"

@@ -1,0 +1,191 @@
+"""Stage `prepare` on the real pinned BANKING77/CLINC150 files and on a user's own data."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reprogate.errors import UserError
+from reprogate.fetch import mirror_dirs
+from reprogate.stages.prepare import canonical_text, normalize, prepare
+from reprogate.specs import Normalization
+from tests.conftest import REPO, run_cli
+
+BANKING = REPO / "specs" / "data" / "banking77.yaml"
+
+
+@pytest.fixture(scope="module")
+def banking(tmp_path_factory, mirror):
+    out = tmp_path_factory.mktemp("prep")
+    import os
+
+    os.environ["REPROGATE_MIRROR"] = str(mirror)
+    metrics = prepare(BANKING, REPO, out / "prepared", out / "data.json")
+    return out, metrics
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_banking77_counts_and_hashes(banking):
+    out, m = banking
+    rows = m["rows"]
+    assert rows["test"] == 3080  # the upstream held-out set is kept whole
+    assert rows["oos_val"] == 100 and rows["oos_test"] == 1000
+    dropped = sum(m["dropped"]["train"].values())
+    # Every upstream train row is accounted for: kept in a partition or dropped with a reason.
+    assert rows["train"] + rows["validation"] + rows["calibration"] + dropped == 10003
+    for name, sha in m["sha256"].items():
+        assert hashlib.sha256((out / "prepared" / f"{name}.jsonl").read_bytes()).hexdigest() == sha
+    assert json.loads((out / "data.json").read_text()) == m
+    labels = {r["label"] for r in _rows(out / "prepared" / "train.jsonl")}
+    assert "reverted_card_payment?" in labels and "Refund_not_showing_up" in labels
+
+
+def test_partitions_are_disjoint_and_stratified(banking):
+    out, m = banking
+    n = Normalization()
+    parts = {p: _rows(out / "prepared" / f"{p}.jsonl") for p in ("train", "validation", "calibration")}
+    keys = {p: {normalize(r["text"], n) for r in rows} for p, rows in parts.items()}
+    assert not keys["train"] & keys["validation"] and not keys["train"] & keys["calibration"]
+    test_keys = {normalize(r["text"], n) for r in _rows(out / "prepared" / "test.jsonl")}
+    assert not keys["train"] & test_keys, "dedupe_train must remove train rows seen in test"
+    assert len({r["label"] for r in parts["validation"]}) == 77
+    assert len({r["label"] for r in parts["calibration"]}) == 77
+
+
+def test_out_of_scope_sets_have_no_intent(banking):
+    out, _ = banking
+    for name in ("oos_val", "oos_test", "negatives"):
+        assert all(r["label"] is None for r in _rows(out / "prepared" / f"{name}.jsonl"))
+    negatives = _rows(out / "prepared" / "negatives.jsonl")
+    assert not {r["source_label"] for r in negatives} & {"transfer", "credit_score", "exchange_rate"}
+
+
+def test_byte_identical_rerun(banking, tmp_path):
+    out, m = banking
+    again = prepare(BANKING, REPO, tmp_path / "prepared", tmp_path / "data.json")
+    assert again == m
+    for f in (out / "prepared").iterdir():
+        assert (tmp_path / "prepared" / f.name).read_bytes() == f.read_bytes()
+
+
+def test_canonicalisation_folds_quoted_newlines():
+    assert canonical_text("\nI can't seem to use my card\n\n\n") == "I can't seem to use my card"
+    assert normalize("What's  my PIN?!", Normalization()) == "what s my pin"
+
+
+def _own_dataset(tmp_path: Path, rows: list[tuple[str, str]], labels: list[str]) -> Path:
+    """A user's own intents: a CSV and a data spec pinning it (as README shows)."""
+    (tmp_path / "params.yaml").write_text("mirror: []\n")
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    with open(raw / "commands.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["utterance", "intent"])
+        w.writerows(rows)
+    sha = hashlib.sha256((raw / "commands.csv").read_bytes()).hexdigest()
+    spec = {
+        "kind": "data",
+        "id": "home",
+        "origins": {"mine": {"source": {"kind": "local", "path": "raw"}, "files": {"commands.csv": sha}}},
+        "train": {
+            "origin": "mine",
+            "file": "commands.csv",
+            "text_field": "utterance",
+            "label_field": "intent",
+        },
+        "test": {
+            "origin": "mine",
+            "file": "commands.csv",
+            "text_field": "utterance",
+            "label_field": "intent",
+        },
+        "split": {"seed": 1, "validation": 0.2, "calibration": 0.2},
+        "dedupe_train": False,
+        "labels": labels,
+    }
+    (tmp_path / "specs").mkdir()
+    path = tmp_path / "specs" / "home.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+HOME = [
+    (f"turn {w} the {room} lights", f"lights_{w}")
+    for w in ("on", "off")
+    for room in ("kitchen", "hall", "office", "garage", "attic", "porch")
+]
+HOME += [(f"set a timer for {n} minutes", "set_timer") for n in range(3, 9)]
+HOME += [("   ", "set_timer")]
+
+
+def test_users_own_local_data_end_to_end(tmp_path):
+    spec = _own_dataset(tmp_path, HOME, ["lights_on", "lights_off", "set_timer"])
+    proc = run_cli("stage", "prepare", "--spec", str(spec), cwd=tmp_path, check=True)
+    assert "prepare: home:" in proc.stdout
+    m = json.loads((tmp_path / "metrics" / "data.json").read_text())
+    assert m["dropped"]["train"] == {"empty_text": 1}
+    assert m["rows"]["train"] + m["rows"]["validation"] + m["rows"]["calibration"] == 18
+    # round(0.2 * 6) = 1 row per label in each carved partition
+    assert m["rows"]["validation"] == 3 and m["rows"]["calibration"] == 3
+    assert (tmp_path / "data" / "prepared" / "train.jsonl").is_file()
+
+
+def test_label_outside_vocabulary_is_an_error_not_a_skip(tmp_path):
+    spec = _own_dataset(
+        tmp_path, [*HOME, ("dim the lights", "lights_dim")], ["lights_on", "lights_off", "set_timer"]
+    )
+    proc = run_cli("stage", "prepare", "--spec", str(spec), cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "'lights_dim' (1 rows" in proc.stderr and "commands.csv:" in proc.stderr
+    assert "Nothing was written" in proc.stderr
+    assert not (tmp_path / "data" / "prepared").exists()
+    assert not (tmp_path / "metrics").exists()
+
+
+def test_hash_mismatch_names_file_and_writes_nothing(tmp_path):
+    spec = _own_dataset(tmp_path, HOME, ["lights_on", "lights_off", "set_timer"])
+    expected = hashlib.sha256((tmp_path / "raw" / "commands.csv").read_bytes()).hexdigest()
+    with open(tmp_path / "raw" / "commands.csv", "a") as f:
+        f.write("open the garage,lights_on\n")
+    actual = hashlib.sha256((tmp_path / "raw" / "commands.csv").read_bytes()).hexdigest()
+    with pytest.raises(UserError) as exc:
+        prepare(spec, tmp_path)
+    msg = str(exc.value)
+    assert "commands.csv" in msg and expected in msg and actual in msg and "Nothing was written" in msg
+    assert not (tmp_path / "data").exists() and not (tmp_path / "metrics").exists()
+
+
+def test_mirror_is_found_by_name_and_hash(tmp_path, mirror, monkeypatch):
+    # A mirror laid out differently (flat) still serves the file, because lookup is by name + sha256.
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for f in ("train.csv", "test.csv", "categories.json"):
+        shutil.copy(mirror / "banking77" / f, flat / f)
+    shutil.copy(mirror / "clinc150" / "data_full.json", flat / "data_full.json")
+    (flat / "decoy").mkdir()
+    (flat / "decoy" / "train.csv").write_text("text,category\nnot the pinned file,card_arrival\n")
+    monkeypatch.setenv("REPROGATE_MIRROR", str(flat))
+    assert mirror_dirs(REPO) == [flat]
+    m = prepare(BANKING, REPO, tmp_path / "p", tmp_path / "d.json")
+    assert m["rows"]["test"] == 3080
+
+
+def test_offline_without_mirror_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("REPROGATE_MIRROR", str(tmp_path))  # an empty mirror
+    monkeypatch.setattr("urllib.request.urlopen", _no_network)
+    with pytest.raises(UserError, match="could not download https://raw.githubusercontent.com/PolyAI-LDN"):
+        prepare(BANKING, REPO, tmp_path / "p", tmp_path / "d.json")
+    assert not (tmp_path / "p").exists()
+
+
+def _no_network(*a, **k):
+    raise OSError("network is unreachable")

@@ -1,0 +1,96 @@
+"""Spec validation: pydantic and the exported JSON Schema agree; every mistake is explained."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from reprogate.errors import UserError
+from reprogate.specs import SPEC_KINDS, DataSpec, ModelSpec, json_schemas, load_spec
+from tests.conftest import REPO, run_cli
+
+EXAMPLES = REPO / "tests" / "specs_examples"
+GOOD = sorted((EXAMPLES / "good").glob("*.yaml"))
+BAD = sorted((EXAMPLES / "bad").glob("*.yaml"))
+
+
+def _expect(path: Path) -> tuple[str, list[str]]:
+    """First line: `# expect: schema|rule | needle | needle ...`."""
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# expect:"), f"{path} lacks its '# expect:' header"
+    level, *needles = [p.strip() for p in first.removeprefix("# expect:").split("|")]
+    return level, needles
+
+
+def _schema_errors(path: Path) -> list[str]:
+    raw = yaml.safe_load(path.read_text())
+    kind = raw.get("kind") if raw.get("kind") in SPEC_KINDS else "model"
+    schema = json.loads((REPO / "specs" / "schema" / f"{kind}.schema.json").read_text())
+    return [e.message for e in jsonschema.Draft202012Validator(schema).iter_errors(raw)]
+
+
+def test_enough_bad_examples():
+    assert len(BAD) >= 15
+    assert {_expect(p)[0] for p in BAD} == {"schema", "rule"}
+
+
+def test_committed_schema_is_current():
+    for kind, schema in json_schemas().items():
+        committed = json.loads((REPO / "specs" / "schema" / f"{kind}.schema.json").read_text())
+        assert committed == schema, f"specs/schema/{kind}.schema.json is stale: run reprogate schema"
+
+
+@pytest.mark.parametrize("path", GOOD, ids=lambda p: p.stem)
+def test_good_specs_pass_pydantic_and_jsonschema(path):
+    load_spec(path)
+    assert _schema_errors(path) == []
+
+
+@pytest.mark.parametrize("path", BAD, ids=lambda p: p.stem)
+def test_bad_specs_are_rejected_with_a_useful_message(path):
+    level, needles = _expect(path)
+    with pytest.raises(UserError) as exc:
+        load_spec(path)
+    msg = str(exc.value)
+    assert str(path) in msg, "the message must name the file"
+    for needle in needles:
+        assert needle in msg, f"expected {needle!r} in:\n{msg}"
+    schema_errors = _schema_errors(path)
+    if level == "schema":
+        # The exported JSON Schema catches the same mistake (editors and CI can use it).
+        assert schema_errors, f"JSON Schema accepted {path.name} but pydantic rejected it"
+    else:
+        # Cross-field and cross-file rules live in pydantic only: the schema cannot see them.
+        assert schema_errors == [], schema_errors
+
+
+@pytest.mark.parametrize("path", BAD[:6], ids=lambda p: p.stem)
+def test_cli_reports_without_traceback(path):
+    proc = run_cli("validate", str(path))
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert str(path) in proc.stderr
+
+
+def test_validate_whole_specs_folder():
+    proc = run_cli("validate", "specs/", check=True)
+    assert "4 of 4 spec(s) valid" in proc.stdout
+
+
+def test_head_size_comes_from_vocabulary():
+    data = load_spec(REPO / "specs/data/banking77.yaml", DataSpec)
+    assert len(data.labels) == 77
+    assert "reverted_card_payment?" in data.labels and "Refund_not_showing_up" in data.labels
+    lora = load_spec(EXAMPLES / "good" / "lora_steps.yaml", ModelSpec)
+    assert lora.head.num_labels == 78 and lora.head.out_of_scope_class
+
+
+def test_yaml_syntax_error_names_line(tmp_path):
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("kind: model\nfamily: [ngram\n")
+    with pytest.raises(UserError, match=r"broken.yaml: not valid YAML at line \d+"):
+        load_spec(bad)
