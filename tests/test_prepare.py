@@ -13,8 +13,8 @@ import yaml
 
 from reprogate.errors import UserError
 from reprogate.fetch import mirror_dirs
-from reprogate.stages.prepare import canonical_text, normalize, prepare
 from reprogate.specs import Normalization
+from reprogate.stages.prepare import canonical_text, normalize, prepare
 from tests.conftest import REPO, run_cli
 
 BANKING = REPO / "specs" / "data" / "banking77.yaml"
