@@ -56,7 +56,51 @@ def _stage(args: argparse.Namespace) -> int:
         spec = Path(args.spec) if args.spec else root / load_pipeline(root).data
         print(summary(prepare(spec, root)))
         return 0
+    if args.name == "train":
+        from reprogate.stages import train
+
+        m = train.run(root, _model_paths(root, args), skip_plan=args.skip_plan)
+        print(
+            f"train: {args.model}: {m['steps']} steps on {m['device']} in {m['wall_s']:.1f} s, "
+            f"{m['examples_per_s']} examples/s, final loss {m['final_loss']:.4f}, validation accuracy "
+            f"{m['validation_accuracy']:.4f}, peak memory {m['peak_rss_gb']:.2f} GB"
+        )
+        return 0
+    if args.name == "resume_check":
+        from reprogate.stages import resume_check
+
+        if not args.model:
+            raise UserError(
+                "stage resume_check needs a model name, e.g. `reprogate stage resume_check ngram`."
+            )
+        print(resume_check.summary(args.model, resume_check.run(root, args.model)))
+        return 0
     raise UserError(f"unknown stage '{args.name}'")
+
+
+def _model_paths(root: Path, args: argparse.Namespace):
+    from reprogate.stages.train import Paths
+
+    if not args.model:
+        raise UserError(f"stage {args.name} needs a model name, e.g. `reprogate stage {args.name} ngram`.")
+    return Paths.for_model(
+        root,
+        args.model,
+        Path(args.spec) if args.spec else None,
+        Path(args.run_dir) if args.run_dir else None,
+        Path(args.work_dir) if args.work_dir else None,
+    )
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from reprogate.plan import measure
+    from reprogate.stages.train import Paths, Setup
+
+    root = find_root(Path.cwd())
+    spec = Path(args.spec)
+    setup = Setup(root, Paths.for_model(root, spec.stem, spec))
+    print(measure(setup).line())
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,9 +120,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=_compile)
 
     st = sub.add_parser("stage", help="run one pipeline stage (what dvc repro calls)")
-    st.add_argument("name", choices=["prepare"])
-    st.add_argument("--spec", help="data spec (default: params.yaml 'data')")
+    st.add_argument("name", choices=["prepare", "train", "resume_check"])
+    st.add_argument("model", nargs="?", help="model spec name (specs/models/NAME.yaml)")
+    st.add_argument("--spec", help="spec file (default: params.yaml 'data' / specs/models/NAME.yaml)")
+    st.add_argument("--run-dir", help="checkpoint folder (default: runs/NAME)")
+    st.add_argument("--work-dir", help="put checkpoints, model, metrics and plots of this run here")
+    st.add_argument("--skip-plan", action="store_true", help="do not measure/project before training")
     st.set_defaults(func=_stage)
+
+    pl = sub.add_parser("plan", help="measure a few real steps and project time and memory")
+    pl.add_argument("spec")
+    pl.set_defaults(func=_plan)
     return p
 
 

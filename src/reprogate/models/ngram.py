@@ -1,0 +1,78 @@
+"""Family `ngram`: hashed word and character n-grams -> EmbeddingBag -> linear head.
+
+Hashing uses CRC32 (stable across processes and machines; Python's hash() is salted), so
+the same text always maps to the same buckets and a saved model needs no vocabulary file.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from reprogate.specs import ModelSpec
+
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+
+
+class NgramFeaturizer:
+    def __init__(self, word: list[int], char: list[int], buckets: int):
+        self.word, self.char, self.buckets = tuple(word), tuple(char), buckets
+
+    def ids(self, text: str) -> list[int]:
+        words = _TOKEN.findall(text.casefold())
+        grams = [
+            "w" + " ".join(words[i : i + n])
+            for n in range(self.word[0], self.word[1] + 1)
+            for i in range(len(words) - n + 1)
+        ]
+        for w in words:
+            padded = f"<{w}>"
+            grams += [
+                "c" + padded[i : i + n]
+                for n in range(self.char[0], self.char[1] + 1)
+                for i in range(len(padded) - n + 1)
+            ]
+        # Bucket 0 is kept for texts with no n-gram at all, so every bag is non-empty.
+        return [1 + zlib.crc32(g.encode()) % (self.buckets - 1) for g in grams] or [0]
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        return [self.ids(t) for t in texts]
+
+    def collate(self, feats: list[list[int]]) -> dict[str, torch.Tensor]:
+        offsets = [0]
+        for f in feats[:-1]:
+            offsets.append(offsets[-1] + len(f))
+        flat = [i for f in feats for i in f]
+        return {"ids": torch.tensor(flat, dtype=torch.long), "offsets": torch.tensor(offsets)}
+
+    def config(self) -> dict:
+        return {"word_ngrams": list(self.word), "char_ngrams": list(self.char), "buckets": self.buckets}
+
+
+class NgramClassifier(nn.Module):
+    def __init__(self, buckets: int, dim: int, n_out: int, dropout: float):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(buckets, dim, mode="mean")
+        self.dropout = nn.Dropout(dropout)
+        self.head = nn.Linear(dim, n_out)
+
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return self.head(self.dropout(self.bag(ids, offsets)))
+
+
+def build(spec: ModelSpec, n_out: int, root: Path | None = None):
+    cfg = spec.ngram
+    assert cfg is not None
+    model = NgramClassifier(cfg.buckets, cfg.dim, n_out, max(cfg.dropout, spec.head.dropout))
+    return model, NgramFeaturizer(cfg.word_ngrams, cfg.char_ngrams, cfg.buckets)
+
+
+def from_config(cfg: dict, n_out: int):
+    """Rebuild for inference from models/<m>/config.json."""
+    f = cfg["featurizer"]
+    model = NgramClassifier(f["buckets"], cfg["dim"], n_out, 0.0)
+    return model, NgramFeaturizer(f["word_ngrams"], f["char_ngrams"], f["buckets"])

@@ -1,0 +1,111 @@
+"""`reprogate plan SPEC`: run a few real updates, measure, and project the whole run.
+
+The projection is measured, not guessed: seconds per update and per checkpoint write on the
+chosen device, peak process memory (RSS) and peak device memory after the first updates,
+when model, gradients and optimizer state are all allocated. `train` refuses to start when
+the projection exceeds the spec's budget.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from reprogate.errors import UserError
+
+# Memory is steady after the first updates; texts longer than those sampled can add a little.
+MEMORY_MARGIN = 1.10
+
+
+@dataclass
+class Plan:
+    device: str
+    total_steps: int
+    measured_updates: int
+    update_s: float
+    checkpoint_s: float
+    checkpoints: int
+    setup_s: float
+    peak_rss_gb: float
+    device_peak_gb: float | None
+    projected_minutes: float
+    projected_memory_gb: float
+    budget_minutes: float
+    budget_memory_gb: float
+
+    def as_dict(self) -> dict:
+        return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
+
+    def line(self) -> str:
+        dev = f", device peak {self.device_peak_gb:.2f} GB" if self.device_peak_gb is not None else ""
+        return (
+            f"plan: {self.total_steps} steps x {self.update_s * 1000:.1f} ms + {self.checkpoints} "
+            f"checkpoints x {self.checkpoint_s:.2f} s + setup {self.setup_s:.1f} s on {self.device} -> "
+            f"~{self.projected_minutes:.2f} min, peak memory ~{self.projected_memory_gb:.2f} GB{dev} "
+            f"(budget {self.budget_minutes:g} min, {self.budget_memory_gb:g} GB)"
+        )
+
+
+def measure(setup, warmup: int = 2, timed: int = 8, max_seconds: float = 20.0) -> Plan:
+    from reprogate import checkpoint
+    from reprogate.runtime import device_peak_gb, peak_rss_gb
+
+    t_setup = time.perf_counter()
+    trainer = setup.trainer()
+    setup_s = setup.encode_s + (time.perf_counter() - t_setup)
+    trainer.fit(max_updates=min(warmup, setup.total_steps), show_progress=False)
+    n, start = 0, time.perf_counter()
+    while n < timed and trainer.progress.global_step < setup.total_steps:
+        trainer.fit(max_updates=1, show_progress=False)
+        n += 1
+        if time.perf_counter() - start > max_seconds:
+            break
+    update_s = (time.perf_counter() - start) / max(n, 1)
+    with tempfile.TemporaryDirectory(prefix="reprogate-plan-") as tmp:
+        t = time.perf_counter()
+        tensors, meta = trainer.state()
+        checkpoint.save(Path(tmp), trainer.progress.global_step, tensors, meta, setup.fingerprint, keep=1)
+        ckpt_s = time.perf_counter() - t
+    spec = setup.spec
+    n_ckpt = setup.total_steps // spec.checkpoint.every_steps + 1
+    seconds = setup_s + setup.total_steps * update_s + n_ckpt * ckpt_s
+    device_peak = device_peak_gb(setup.device)
+    memory = peak_rss_gb() * MEMORY_MARGIN
+    del trainer
+    return Plan(
+        device=str(setup.device),
+        total_steps=setup.total_steps,
+        measured_updates=n,
+        update_s=update_s,
+        checkpoint_s=ckpt_s,
+        checkpoints=n_ckpt,
+        setup_s=setup_s,
+        peak_rss_gb=peak_rss_gb(),
+        device_peak_gb=device_peak,
+        projected_minutes=seconds / 60,
+        projected_memory_gb=max(memory, (device_peak or 0.0) * MEMORY_MARGIN),
+        budget_minutes=spec.budget.max_minutes,
+        budget_memory_gb=spec.budget.max_memory_gb,
+    )
+
+
+def check_budget(plan: Plan, spec, spec_path: Path) -> None:
+    over = []
+    if plan.projected_minutes > spec.budget.max_minutes:
+        over.append(
+            f"projected time {plan.projected_minutes:.1f} min exceeds budget.max_minutes "
+            f"{spec.budget.max_minutes:g}"
+        )
+    if plan.projected_memory_gb > spec.budget.max_memory_gb:
+        over.append(
+            f"projected peak memory {plan.projected_memory_gb:.2f} GB exceeds budget.max_memory_gb "
+            f"{spec.budget.max_memory_gb:g}"
+        )
+    if over:
+        raise UserError(
+            f"{spec_path}: training refused before it started: {'; '.join(over)}. Measured on "
+            f"{plan.device}: {plan.update_s * 1000:.1f} ms per update, {plan.total_steps} updates. "
+            "Raise the budget, or lower steps/epochs, micro_batch or model size, or use a faster device."
+        )

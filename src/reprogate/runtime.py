@@ -1,0 +1,108 @@
+"""Device choice, determinism, the run environment and memory readings.
+
+`configure_mps_env` must run before torch touches MPS: PyTorch reads the watermark
+variables once, when its MPS allocator starts.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+import resource
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+
+from reprogate.errors import UserError
+from reprogate.specs import ModelSpec
+
+PACKAGES = ("torch", "numpy", "transformers", "peft", "safetensors", "reprogate")
+
+
+def configure_mps_env(spec: ModelSpec) -> None:
+    os.environ["PYTORCH_MPS_HIGH_WATERMARK_RATIO"] = repr(spec.mps.high_watermark_ratio)
+    os.environ["PYTORCH_MPS_LOW_WATERMARK_RATIO"] = repr(spec.mps.low_watermark_ratio)
+    # cuBLAS needs this for deterministic matmuls; harmless elsewhere.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+def select_device(spec: ModelSpec, spec_path: Path | str):
+    import torch
+
+    has_cuda = torch.cuda.is_available()
+    has_mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    want = spec.device
+    if want == "auto":
+        want = "cuda" if has_cuda else "mps" if has_mps else "cpu"
+    if want == "cuda" and not has_cuda:
+        raise UserError(
+            f"{spec_path}: field 'device' is 'cuda', but this machine has no usable CUDA device "
+            f"(torch {torch.__version__}, built for CUDA {torch.version.cuda or 'none'}). Use "
+            "device: cpu, or device: auto to take the best device present."
+        )
+    if want == "mps" and not has_mps:
+        raise UserError(
+            f"{spec_path}: field 'device' is 'mps', but Apple MPS is not available here "
+            f"({platform.system()} {platform.machine()}, torch {torch.__version__}). Use device: "
+            "cpu, or device: auto to take the best device present."
+        )
+    if spec.precision == "fp16" and want != "cuda":
+        raise UserError(
+            f"{spec_path}: field 'precision' is 'fp16', which needs CUDA, but the device is "
+            f"'{want}'. Use fp32 or bf16."
+        )
+    return torch.device(want)
+
+
+def seed_everything(seed: int, threads: int, device) -> None:
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % (1 << 32))
+    torch.manual_seed(seed)
+    torch.set_num_threads(threads)
+    # Bitwise reproducibility over speed: error out rather than run a nondeterministic kernel.
+    torch.use_deterministic_algorithms(True)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+
+def environment(device) -> dict[str, str]:
+    env = {"python": sys.version.split()[0], "platform": f"{platform.system()}-{platform.machine()}"}
+    for pkg in PACKAGES:
+        try:
+            env[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            env[pkg] = "absent"
+    env["device"] = str(device)
+    if device.type == "cuda":
+        import torch
+
+        env["device_name"] = torch.cuda.get_device_name(device)
+    return env
+
+
+def peak_rss_gb() -> float:
+    """Peak resident memory of this process (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1 << 30) if sys.platform == "darwin" else peak / (1 << 20)
+
+
+def device_peak_gb(device) -> float | None:
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / (1 << 30)
+    if device.type == "mps":
+        return torch.mps.driver_allocated_memory() / (1 << 30)
+    return None
+
+
+def rank_and_world() -> tuple[int, int]:
+    """Set by torchrun; a plain run is rank 0 of 1."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))

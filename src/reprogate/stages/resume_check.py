@@ -1,0 +1,224 @@
+"""Stage `resume_check@m`: kill a real training process, resume it, prove nothing changed.
+
+1. reference: the real `reprogate stage train` entry point, as a child process, runs a short
+   version of the spec (resume_check.steps updates, a checkpoint every checkpoint_every)
+   to the end without interruption;
+2. killed: the same command is started again in a fresh folder; when it reports that it has
+   finished update `kill_after` it is sent SIGKILL (no clean-up, no atexit, nothing flushed);
+3. resumed: the same command again, on the killed run's folder: it resumes from the last
+   committed checkpoint and runs to the end;
+4. the final full states of reference and resumed runs are compared field by field.
+On CPU the tolerance is zero: every tensor must be bitwise equal.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from reprogate import checkpoint
+from reprogate.errors import UserError
+from reprogate.specs import ModelSpec, load_spec
+from reprogate.trainer import PAUSE_ENV
+
+# Bitwise on CPU and (deterministic) CUDA; MPS kernels give no such promise.
+TOLERANCE = {"cpu": 0.0, "cuda": 0.0, "mps": 1e-5}
+
+
+def derived_spec(spec: ModelSpec) -> dict[str, Any]:
+    rc = spec.resume_check
+    d = spec.model_dump(mode="json")
+    d.update(steps=rc.steps, epochs=None)
+    d["checkpoint"] = {"every_steps": rc.checkpoint_every, "keep": spec.checkpoint.keep}
+    return d
+
+
+def run_child(
+    root: Path, name: str, spec_path: Path, work: Path, pause_at: str | None = None, timeout: float = 1800
+) -> dict[str, Any]:
+    """Run the training entry point as a separate process; SIGKILL it at `pause_at`."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "reprogate.cli",
+        "stage",
+        "train",
+        name,
+        "--spec",
+        str(spec_path),
+        "--work-dir",
+        str(work),
+        "--skip-plan",
+    ]
+    env = {k: v for k, v in os.environ.items() if k != PAUSE_ENV}
+    if pause_at:
+        env[PAUSE_ENV] = pause_at
+    log = open(work.parent / f"{work.name}.log", "ab")
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=log)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    try:
+        if pause_at:
+            for line in proc.stdout:
+                if line.startswith(b"REPROGATE-PAUSED"):
+                    os.kill(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    return {"killed": True, "at": pause_at, "returncode": proc.returncode}
+            proc.wait()
+            raise UserError(
+                f"resume_check: the training run ended (exit {proc.returncode}) before reaching "
+                f"the kill point {pause_at}; see {work.parent / f'{work.name}.log'}."
+            )
+        out = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0]
+        if proc.returncode != 0:
+            raise UserError(
+                f"resume_check: training child failed (exit {proc.returncode}); see "
+                f"{work.parent / f'{work.name}.log'}.\n{out.decode(errors='replace')}"
+            )
+        return {"killed": False, "returncode": 0}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return float("inf")
+    if torch.equal(a, b):
+        return 0.0
+    return float((a.double() - b.double()).abs().max())
+
+
+def _json_diff(a: Any, b: Any) -> float:
+    """0.0 when equal; for numbers and number lists the largest difference; else inf."""
+    if a == b:
+        return 0.0
+    if isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool):
+        return abs(float(a) - float(b))
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return max(_json_diff(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+        return max((_json_diff(a[k], b[k]) for k in a), default=0.0)
+    return float("inf")
+
+
+def compare(ref: checkpoint.Checkpoint, other: checkpoint.Checkpoint, tolerance: float) -> dict[str, Any]:
+    def tensors(group: str) -> float:
+        a, b = ref.tensors.get(group, {}), other.tensors.get(group, {})
+        if a.keys() != b.keys():
+            return float("inf")
+        return max((_max_diff(a[k], b[k]) for k in a), default=0.0)
+
+    ra, rb = ref.meta["trainer"], other.meta["trainer"]
+    diffs = {
+        "model": tensors("model"),
+        "optimizer": max(tensors("optimizer"), _json_diff(ref.meta["optimizer"], other.meta["optimizer"])),
+        "scheduler": _json_diff(ref.meta["scheduler"], other.meta["scheduler"]),
+        "grad_scaler": _json_diff(ref.meta["scaler"], other.meta["scaler"]),
+        "rng": max(tensors("rng"), _json_diff(ref.meta["rng"], other.meta["rng"])),
+        "global_step": _json_diff(ra["global_step"], rb["global_step"]),
+        "epoch": _json_diff(ra["epoch"], rb["epoch"]),
+        "sampler_position": _json_diff(ra["position"], rb["position"]),
+        "loss_record": _json_diff(ra["losses"], rb["losses"]),
+        "lr_record": _json_diff(ra["lrs"], rb["lrs"]),
+    }
+    return {
+        k: {
+            "max_abs_diff": v if math.isfinite(v) else "inf",  # inf: shapes, keys or values differ
+            "tolerance": tolerance,
+            "verdict": "pass" if v <= tolerance else "fail",
+        }
+        for k, v in diffs.items()
+    }
+
+
+def final_checkpoint(work: Path) -> checkpoint.Checkpoint:
+    ckpt_dir = work / "checkpoints"
+    found = checkpoint.candidates(ckpt_dir)
+    if not found:
+        raise UserError(f"resume_check: no checkpoint in {ckpt_dir}")
+    return checkpoint.read(found[0])
+
+
+def kill_and_resume(root: Path, name: str, spec_path: Path, work: Path, pause_at: str) -> dict[str, Any]:
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    killed = run_child(root, name, spec_path, work, pause_at=pause_at)
+    committed = checkpoint.candidates(work / "checkpoints")
+    restored = checkpoint.read(committed[0]).meta["trainer"]["global_step"] if committed else 0
+    run_child(root, name, spec_path, work)
+    return {"kill": killed, "restored_step": restored}
+
+
+def run(root: Path, name: str, log=None) -> dict[str, Any]:
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    spec_path = root / "specs" / "models" / f"{name}.yaml"
+    spec = load_spec(spec_path, ModelSpec)
+    rc = spec.resume_check
+    base = root / "runs" / name / "resume_check"
+    if base.exists():
+        shutil.rmtree(base)
+    base.mkdir(parents=True)
+    short = base / f"{name}.yaml"
+    short.write_text(yaml.safe_dump(derived_spec(spec), sort_keys=False))
+    started = time.perf_counter()
+
+    log(f"resume_check: reference run of {rc.steps} updates")
+    (base / "reference").mkdir()
+    run_child(root, name, short, base / "reference")
+    ref = final_checkpoint(base / "reference")
+    device = ref.fingerprint["environment"]["device"].split(":")[0]
+    tolerance = TOLERANCE.get(device, 0.0)
+
+    log(f"resume_check: killed run (SIGKILL after update {rc.kill_after}), then resume")
+    outcome = kill_and_resume(root, name, short, base / "killed", f"step:{rc.kill_after}")
+    resumed = final_checkpoint(base / "killed")
+    fields = compare(ref, resumed, tolerance)
+    passed = all(f["verdict"] == "pass" for f in fields.values()) and outcome["kill"]["returncode"] == -9
+    result = {
+        "passed": passed,
+        "device": device,
+        "tolerance": tolerance,
+        "steps": rc.steps,
+        "checkpoint_every": rc.checkpoint_every,
+        "killed_after_step": rc.kill_after,
+        "kill_signal": "SIGKILL",
+        "child_returncode": outcome["kill"]["returncode"],
+        "restored_step": outcome["restored_step"],
+        "final_step": resumed.meta["trainer"]["global_step"],
+        "fields": fields,
+        "wall_s": round(time.perf_counter() - started, 2),
+    }
+    out = root / "metrics" / name
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "resume.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    if passed:
+        shutil.rmtree(base)  # large, and everything worth keeping is in resume.json
+    return result
+
+
+def summary(name: str, r: dict[str, Any]) -> str:
+    bad = [k for k, f in r["fields"].items() if f["verdict"] != "pass"]
+    verdict = (
+        "PASSED (bitwise equal)"
+        if r["passed"] and r["tolerance"] == 0
+        else ("PASSED" if r["passed"] else f"FAILED on {', '.join(bad) or 'the kill'}")
+    )
+    return (
+        f"resume_check: {name}: killed after step {r['killed_after_step']}, restored step "
+        f"{r['restored_step']}, final step {r['final_step']}: {verdict} in {r['wall_s']:.1f} s"
+    )

@@ -1,0 +1,308 @@
+"""Stage `train@m`: fit one model spec with auto-resume, export the model, record metrics.
+
+runs/<m>/checkpoints/  full-state checkpoints (DVC persist: they survive `dvc repro`)
+models/<m>/            weights (safetensors), config, labels, fingerprint: what predict loads
+metrics/<m>/train.json steps, examples/s, wall time, peak memory, device, projected vs actual
+plots/<m>/train.tsv    step, loss, learning rate
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reprogate.errors import UserError
+from reprogate.specs import DataSpec, ModelSpec, load_spec, spec_hash
+
+PREPARED = Path("data/prepared")
+
+
+@dataclass
+class Paths:
+    spec: Path
+    run: Path
+    model: Path
+    metrics: Path
+    plots: Path
+
+    @classmethod
+    def for_model(
+        cls,
+        root: Path,
+        name: str,
+        spec: Path | None = None,
+        run: Path | None = None,
+        work: Path | None = None,
+    ) -> Paths:
+        if work is not None:  # everything of this run in one folder (resume_check, tests)
+            return cls(
+                spec or root / "specs" / "models" / f"{name}.yaml",
+                work,
+                work / "model",
+                work / "metrics",
+                work / "plots",
+            )
+        return cls(
+            spec=spec or root / "specs" / "models" / f"{name}.yaml",
+            run=run or root / "runs" / name,
+            model=root / "models" / name,
+            metrics=root / "metrics" / name,
+            plots=root / "plots" / name,
+        )
+
+
+def code_hash() -> str:
+    pkg = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for f in sorted(pkg.rglob("*.py")):
+        h.update(str(f.relative_to(pkg)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def load_train_data(root: Path, spec: ModelSpec, spec_path: Path):
+    from reprogate.trainer import OOS_LABEL, Example, TrainData, read_jsonl
+
+    prepared = root / PREPARED
+    labels_file = prepared / "labels.json"
+    if not labels_file.is_file():
+        raise UserError(
+            f"{spec_path}: no prepared data at {prepared}; run `dvc repro prepare` (or "
+            "`reprogate stage prepare`) first."
+        )
+    labels = json.loads(labels_file.read_text())
+    declared = load_spec(root / spec.data, DataSpec).labels
+    if labels != declared:
+        raise UserError(
+            f"{prepared}/labels.json differs from the labels of {spec.data}: the prepared data is "
+            "stale. Run `dvc repro prepare`."
+        )
+    files = [labels_file, prepared / "train.jsonl"]
+    index = {lbl: i for i, lbl in enumerate(labels)}
+    examples = [Example(r["text"], index[r["label"]]) for r in read_jsonl(prepared / "train.jsonl")]
+    out = list(labels)
+    if spec.head.out_of_scope_class:
+        neg = prepared / "negatives.jsonl"
+        files.append(neg)
+        examples += [Example(r["text"], len(labels)) for r in read_jsonl(neg)]
+        out.append(OOS_LABEL)
+    data_hash = hashlib.sha256("".join(_sha(f) for f in files).encode()).hexdigest()
+    return TrainData(examples, out, data_hash)
+
+
+def fingerprint(spec: ModelSpec, data, device) -> dict[str, Any]:
+    from reprogate.runtime import environment
+
+    return {
+        "spec_hash": spec_hash(spec),
+        "data_hash": data.data_hash,
+        "labels_hash": hashlib.sha256(json.dumps(data.labels).encode()).hexdigest(),
+        "code_hash": code_hash(),
+        "environment": environment(device),
+    }
+
+
+class Setup:
+    """Everything needed to build a fresh, seeded trainer (possibly more than once)."""
+
+    def __init__(self, root: Path, paths: Paths):
+        from reprogate.runtime import configure_mps_env, select_device
+
+        self.root, self.paths = root, paths
+        self.spec = load_spec(paths.spec, ModelSpec)
+        configure_mps_env(self.spec)
+        self.device = select_device(self.spec, paths.spec)
+        self.data = load_train_data(root, self.spec, paths.spec)
+        t0 = time.perf_counter()
+        _, self.featurizer = self._build()
+        self.feats = self.featurizer.encode([e.text for e in self.data.examples])
+        self.encode_s = time.perf_counter() - t0
+        from reprogate.trainer import total_steps
+
+        self.total_steps = total_steps(self.spec, len(self.feats))
+        if self.spec.checkpoint.every_steps > self.total_steps:
+            raise UserError(
+                f"{paths.spec}: field 'checkpoint.every_steps' is {self.spec.checkpoint.every_steps}, but "
+                f"this run has only {self.total_steps} steps ({self.spec.epochs} epochs of "
+                f"{len(self.feats)} examples); use at most {self.total_steps}."
+            )
+        self.fingerprint = fingerprint(self.spec, self.data, self.device)
+
+    def _build(self):
+        from reprogate import models
+        from reprogate.runtime import seed_everything
+
+        seed_everything(self.spec.seed, self.spec.threads, self.device)
+        return models.build(self.spec, len(self.data.labels), self.root)
+
+    def trainer(self):
+        from reprogate.trainer import Trainer
+
+        model, _ = self._build()
+        return Trainer(
+            self.spec, model, self.featurizer, self.data, self.feats, self.device, self.total_steps
+        )
+
+
+def run(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[str, Any]:
+    from reprogate import checkpoint
+    from reprogate.plan import check_budget, measure
+    from reprogate.runtime import device_peak_gb, peak_rss_gb
+    from reprogate.trainer import pause_if
+
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    started = time.perf_counter()
+    setup = Setup(root, paths)
+    spec = setup.spec
+    plan = None
+    if not skip_plan:
+        plan = measure(setup)
+        check_budget(plan, spec, paths.spec)
+        log(plan.line())
+
+    trainer = setup.trainer()
+    ckpt_dir = paths.run / "checkpoints"
+    resumed_from, env_changes = None, {}
+    ckpt = checkpoint.load_latest(ckpt_dir, setup.fingerprint, log)
+    if ckpt is not None:
+        trainer.restore(ckpt)
+        resumed_from = trainer.progress.global_step
+        env_changes = checkpoint.environment_changes(ckpt.fingerprint, setup.fingerprint)
+        if env_changes:
+            log(f"warning: resuming under a changed environment (recorded in train.json): {env_changes}")
+        log(f"resuming from {ckpt.path} (step {resumed_from} of {setup.total_steps})")
+    elif ckpt_dir.exists() and any(ckpt_dir.iterdir()):
+        log(f"no usable checkpoint of this run in {ckpt_dir}; removing what is there and starting fresh")
+        shutil.rmtree(ckpt_dir)
+
+    ckpt_seconds = 0.0
+
+    def save() -> None:
+        nonlocal ckpt_seconds
+        t = time.perf_counter()
+        step = trainer.progress.global_step
+        tensors, meta = trainer.state()
+        if trainer.rank == 0:  # one writer; every rank's RNG state is in `meta` under its rank
+            checkpoint.save(
+                ckpt_dir,
+                step,
+                tensors,
+                meta,
+                setup.fingerprint,
+                spec.checkpoint.keep,
+                hook=lambda phase: pause_if(f"ckpt:{step}:{phase}"),
+            )
+        ckpt_seconds += time.perf_counter() - t
+
+    def on_update(tr) -> None:
+        if (
+            tr.progress.global_step % spec.checkpoint.every_steps == 0
+            and tr.progress.global_step < tr.total_steps
+        ):
+            save()
+
+    t_loop = time.perf_counter()
+    seen = trainer.fit(on_update=on_update)
+    loop_s = time.perf_counter() - t_loop
+    save()  # the final state, always: resume_check compares these
+    val_acc = validation_accuracy(setup, trainer)
+    wall_s = time.perf_counter() - started
+    export(paths.model, setup, trainer)
+
+    p = trainer.progress
+    metrics = {
+        "steps": p.global_step,
+        "epochs": p.epoch,
+        "examples": len(setup.feats),
+        "examples_seen_this_run": seen,
+        "examples_per_s": round(seen / loop_s, 1) if loop_s > 0 else None,
+        "wall_s": round(wall_s, 2),
+        "checkpoint_s": round(ckpt_seconds, 2),
+        "checkpoint_share": round(ckpt_seconds / loop_s, 4) if loop_s > 0 else None,
+        "peak_rss_gb": round(peak_rss_gb(), 3),
+        "device_peak_gb": device_peak_gb(setup.device),
+        "device": str(setup.device),
+        "final_loss": p.losses[-1] if p.losses else None,
+        "validation_accuracy": round(val_acc, 4),
+        "resumed_from_step": resumed_from,
+        "environment_changes": env_changes,
+        "truncated_texts": getattr(setup.featurizer, "truncated", 0),
+        "projected": plan.as_dict() if plan else None,
+    }
+    paths.metrics.mkdir(parents=True, exist_ok=True)
+    (paths.metrics / "train.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    paths.plots.mkdir(parents=True, exist_ok=True)
+    with open(paths.plots / "train.tsv", "w") as f:
+        f.write("step\tloss\tlr\n")
+        for i, (loss, lr) in enumerate(zip(p.losses, p.lrs, strict=True), start=1):
+            f.write(f"{i}\t{loss:.6f}\t{lr:.8g}\n")
+    return metrics
+
+
+def validation_accuracy(setup: Setup, trainer) -> float:
+    import torch
+
+    from reprogate.trainer import read_jsonl
+
+    rows = read_jsonl(setup.root / PREPARED / "validation.jsonl")
+    index = {lbl: i for i, lbl in enumerate(setup.data.labels)}
+    feats = setup.featurizer.encode([r["text"] for r in rows])
+    gold = torch.tensor([index[r["label"]] for r in rows])
+    pred = predict_logits(trainer.model, setup.featurizer, feats, setup.device).argmax(-1)
+    return float((pred == gold).float().mean())
+
+
+def predict_logits(model, featurizer, feats: list, device, batch: int = 256):
+    import torch
+
+    model.eval()
+    out = []
+    with torch.inference_mode():
+        for i in range(0, len(feats), batch):
+            b = {k: v.to(device) for k, v in featurizer.collate(feats[i : i + batch]).items()}
+            out.append(model(**b).float().cpu())
+    return torch.cat(out)
+
+
+def export(out: Path, setup: Setup, trainer) -> None:
+    from safetensors.torch import save_file
+
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    model = trainer.model
+    save_file(
+        {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()},
+        str(out / "model.safetensors"),
+    )
+    spec = setup.spec
+    config: dict[str, Any] = {
+        "family": spec.family,
+        "n_out": len(setup.data.labels),
+        "featurizer": setup.featurizer.config(),
+        "spec": spec.model_dump(mode="json"),
+    }
+    if spec.family == "ngram":
+        config["dim"] = spec.ngram.dim
+    else:
+        enc = model.encoder.get_base_model() if spec.encoder.mode == "lora" else model.encoder
+        enc.config.save_pretrained(out / "encoder")
+        setup.featurizer.tokenizer.save_pretrained(out / "tokenizer")
+        config["encoder"] = {
+            "mode": spec.encoder.mode,
+            "pooling": spec.encoder.pooling,
+            "lora": spec.encoder.lora.model_dump() if spec.encoder.lora else None,
+        }
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (out / "labels.json").write_text(json.dumps(setup.data.labels, indent=1, ensure_ascii=False) + "\n")
+    fp = dict(setup.fingerprint, total_steps=setup.total_steps)
+    (out / "fingerprint.json").write_text(json.dumps(fp, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,305 @@
+"""One training loop for every model family, with exact resume.
+
+The state that decides the future of a run is all in the checkpoint: model, optimizer,
+scheduler, gradient scaler, RNG states (Python, NumPy, torch CPU, CUDA/MPS) per rank,
+global step, epoch and the sampler position (micro-batches consumed in the epoch, per rank),
+plus the per-step loss and learning-rate record. The sampler has no hidden state: the order
+of epoch e is a permutation drawn from (seed, e), so (epoch, position) restores it exactly.
+
+Checkpoints are written only at update boundaries. A run killed between two micro-batches
+of one update resumes from the last committed checkpoint and replays that update.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from reprogate import checkpoint
+from reprogate.runtime import rank_and_world
+
+OOS_LABEL = "out_of_scope"
+PAUSE_ENV = "REPROGATE_PAUSE_AT"
+
+
+@dataclass
+class Example:
+    text: str
+    label: int
+
+
+@dataclass
+class TrainData:
+    examples: list[Example]
+    labels: list[str]  # output classes, in head order (vocabulary, then out_of_scope if used)
+    data_hash: str
+
+
+class EpochSampler:
+    """Micro-batches of one rank for one epoch: a (seed, epoch) permutation, sharded by rank."""
+
+    def __init__(self, n: int, micro_batch: int, seed: int, rank: int = 0, world: int = 1):
+        self.n, self.micro_batch, self.seed, self.rank, self.world = n, micro_batch, seed, rank, world
+
+    def batches(self, epoch: int) -> list[np.ndarray]:
+        perm = np.random.default_rng([self.seed, epoch]).permutation(self.n)[self.rank :: self.world]
+        return [perm[i : i + self.micro_batch] for i in range(0, len(perm), self.micro_batch)]
+
+    def micro_batches_per_epoch(self) -> int:
+        return math.ceil(len(range(self.rank, self.n, self.world)) / self.micro_batch)
+
+
+def lr_factor(kind: str, warmup: int, total: int) -> Callable[[int], float]:
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        if kind == "constant":
+            return 1.0
+        progress = (step - warmup) / max(1, total - warmup)
+        if kind == "linear":
+            return max(0.0, 1.0 - progress)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return f
+
+
+@dataclass
+class Progress:
+    global_step: int = 0
+    epoch: int = 0
+    position: int = 0  # micro-batches of the current epoch already consumed (this rank)
+    losses: list[float] = field(default_factory=list)
+    lrs: list[float] = field(default_factory=list)
+
+
+def _pause_point() -> str | None:
+    return os.environ.get(PAUSE_ENV)
+
+
+def pause_if(where: str) -> None:
+    """Stop dead at a named point so that a supervising process can SIGKILL us there.
+
+    Used by `resume_check` and the tests to kill at an exact micro-step or inside the
+    checkpoint protocol; a no-op unless REPROGATE_PAUSE_AT names this point.
+    """
+    if _pause_point() == where:
+        print(f"REPROGATE-PAUSED {where}", flush=True)
+        while True:
+            signal.pause()
+
+
+class Trainer:
+    def __init__(self, spec, model, featurizer, data: TrainData, feats: list, device, total_steps: int):
+        self.spec, self.model, self.featurizer, self.data, self.feats = spec, model, featurizer, data, feats
+        self.device = device
+        self.rank, self.world = rank_and_world()
+        self.total_steps = total_steps
+        self.model.to(device)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        o = spec.optimizer
+        self.optimizer = torch.optim.AdamW(
+            params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
+        )
+        warmup = round(spec.schedule.warmup_fraction * total_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_factor(spec.schedule.kind, warmup, total_steps)
+        )
+        self.scaler = torch.amp.GradScaler(device.type, enabled=spec.precision == "fp16")
+        self.sampler = EpochSampler(len(feats), spec.micro_batch, spec.seed, self.rank, self.world)
+        self.labels = torch.tensor([e.label for e in data.examples], dtype=torch.long)
+        self.progress = Progress()
+
+    # ------------------------------------------------------------------ state <-> files
+
+    def state(self) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, Any]]:
+        tensors: dict[str, dict[str, torch.Tensor]] = {"model": dict(self.model.state_dict())}
+        opt = self.optimizer.state_dict()
+        tensors["optimizer"] = {
+            f"{pid}.{k}": v for pid, st in opt["state"].items() for k, v in st.items() if torch.is_tensor(v)
+        }
+        r = f"rank{self.rank}"
+        np_state = np.random.get_state()
+        rng = {
+            f"{r}.torch_cpu": torch.get_rng_state(),
+            f"{r}.numpy_keys": torch.from_numpy(np_state[1].copy()),
+        }
+        if self.device.type == "cuda":
+            for i, s in enumerate(torch.cuda.get_rng_state_all()):
+                rng[f"{r}.cuda{i}"] = s
+        if self.device.type == "mps":
+            rng[f"{r}.mps"] = torch.mps.get_rng_state()
+        tensors["rng"] = rng
+        p = self.progress
+        meta = {
+            "optimizer": {"param_groups": opt["param_groups"]},
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "rng": {
+                r: {
+                    "python": _jsonable(random.getstate()),
+                    "numpy": [np_state[0], int(np_state[2]), int(np_state[3]), float(np_state[4])],
+                }
+            },
+            "trainer": {
+                "global_step": p.global_step,
+                "epoch": p.epoch,
+                "position": {r: p.position},
+                "losses": p.losses,
+                "lrs": p.lrs,
+                "total_steps": self.total_steps,
+                "world_size": self.world,
+            },
+        }
+        return tensors, meta
+
+    def restore(self, ckpt: checkpoint.Checkpoint) -> None:
+        t, m = ckpt.tensors, ckpt.meta
+        r = f"rank{self.rank}"
+        self.model.load_state_dict(t["model"])
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for key, v in t["optimizer"].items():
+            pid, name = key.split(".", 1)
+            state.setdefault(int(pid), {})[name] = v
+        self.optimizer.load_state_dict({"state": state, "param_groups": m["optimizer"]["param_groups"]})
+        self.scheduler.load_state_dict(m["scheduler"])
+        self.scaler.load_state_dict(m["scaler"])
+        py = m["rng"][r]["python"]
+        random.setstate((py[0], tuple(py[1]), py[2]))
+        name, pos, has_gauss, cached = m["rng"][r]["numpy"]
+        np.random.set_state(
+            (name, t["rng"][f"{r}.numpy_keys"].numpy().astype(np.uint32), pos, has_gauss, cached)
+        )
+        torch.set_rng_state(t["rng"][f"{r}.torch_cpu"])
+        if self.device.type == "cuda":
+            torch.cuda.set_rng_state_all(
+                [
+                    t["rng"][f"{r}.cuda{i}"]
+                    for i in range(torch.cuda.device_count())
+                    if f"{r}.cuda{i}" in t["rng"]
+                ]
+            )
+        if self.device.type == "mps" and f"{r}.mps" in t["rng"]:
+            torch.mps.set_rng_state(t["rng"][f"{r}.mps"])
+        tr = m["trainer"]
+        self.progress = Progress(tr["global_step"], tr["epoch"], tr["position"][r], tr["losses"], tr["lrs"])
+
+    # ------------------------------------------------------------------------ the loop
+
+    def _autocast(self):
+        if self.spec.precision == "fp32":
+            return torch.autocast(self.device.type, enabled=False)
+        dtype = torch.bfloat16 if self.spec.precision == "bf16" else torch.float16
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    def update(self, group: list[np.ndarray]) -> float:
+        """One optimizer update over the micro-batches of `group` (gradient accumulation)."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        n_items = sum(len(b) for b in group)
+        total = 0.0
+        for j, idx in enumerate(group):
+            batch = {
+                k: v.to(self.device) for k, v in self.featurizer.collate([self.feats[i] for i in idx]).items()
+            }
+            y = self.labels[idx].to(self.device)
+            with self._autocast():
+                logits = self.model(**batch)
+            # Sum over items / items in the whole update: equal to one big batch of n_items.
+            loss = (
+                F.cross_entropy(logits.float(), y, reduction="sum", label_smoothing=self.spec.label_smoothing)
+                / n_items
+            )
+            self.scaler.scale(loss).backward()
+            total += loss.item()
+            if j + 1 < len(group):
+                pause_if(f"micro:{self.progress.global_step + 1}.{j + 1}")
+        if self.spec.optimizer.grad_clip is not None:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.optimizer.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        return total
+
+    def fit(
+        self,
+        on_update: Callable[[Trainer], None] | None = None,
+        max_updates: int | None = None,
+        show_progress: bool = True,
+    ) -> int:
+        """Train until total_steps (or `max_updates` more updates); returns examples seen."""
+        p, accum = self.progress, self.spec.grad_accum
+        seen, done = 0, 0
+        bar = tqdm(
+            total=self.total_steps,
+            initial=p.global_step,
+            desc="train",
+            unit="step",
+            disable=not show_progress or self.rank != 0,
+            file=sys.stderr,
+            dynamic_ncols=True,
+            # In a log (not a terminal) a line every few seconds is enough.
+            mininterval=0.1 if sys.stderr.isatty() else 5.0,
+        )
+        start = time.perf_counter()
+        while p.global_step < self.total_steps and (max_updates is None or done < max_updates):
+            batches = self.sampler.batches(p.epoch)
+            while p.position < len(batches) and p.global_step < self.total_steps:
+                if max_updates is not None and done >= max_updates:
+                    break
+                group = batches[p.position : p.position + accum]
+                lr = self.optimizer.param_groups[0]["lr"]
+                loss = self.update(group)
+                p.global_step += 1
+                p.position += len(group)
+                if p.position >= len(batches):
+                    p.epoch, p.position = p.epoch + 1, 0
+                p.losses.append(loss)
+                p.lrs.append(lr)
+                n = sum(len(b) for b in group) * self.world
+                seen += n
+                done += 1
+                bar.update(1)
+                bar.set_postfix(
+                    loss=f"{loss:.4f}", ex_s=f"{seen / (time.perf_counter() - start):.0f}", refresh=False
+                )
+                if on_update:
+                    on_update(self)
+                pause_if(f"step:{p.global_step}")
+                if p.position == 0:
+                    break  # next epoch: draw its order
+        bar.close()
+        return seen
+
+
+def _jsonable(obj):
+    if isinstance(obj, tuple | list):
+        return [_jsonable(x) for x in obj]
+    return obj
+
+
+def total_steps(spec, n_examples: int) -> int:
+    if spec.steps is not None:
+        return spec.steps
+    _, world = rank_and_world()
+    micro = math.ceil(math.ceil(n_examples / world) / spec.micro_batch)
+    return spec.epochs * math.ceil(micro / spec.grad_accum)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
