@@ -64,34 +64,39 @@ def run_child(
     env = {k: v for k, v in os.environ.items() if k != PAUSE_ENV}
     if pause_at:
         env[PAUSE_ENV] = pause_at
-    log = open(work.parent / f"{work.name}.log", "ab")
-    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=log)
+    log_path = work.parent / f"{work.name}.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=log)
+        try:
+            return _supervise(proc, pause_at, log_path, timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _supervise(
+    proc: subprocess.Popen, pause_at: str | None, log_path: Path, timeout: float
+) -> dict[str, Any]:
     assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    try:
-        if pause_at:
-            for line in proc.stdout:
-                if line.startswith(b"REPROGATE-PAUSED"):
-                    os.kill(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                    return {"killed": True, "at": pause_at, "returncode": proc.returncode}
-            proc.wait()
-            raise UserError(
-                f"resume_check: the training run ended (exit {proc.returncode}) before reaching "
-                f"the kill point {pause_at}; see {work.parent / f'{work.name}.log'}."
-            )
-        out = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0]
-        if proc.returncode != 0:
-            raise UserError(
-                f"resume_check: training child failed (exit {proc.returncode}); see "
-                f"{work.parent / f'{work.name}.log'}.\n{out.decode(errors='replace')}"
-            )
-        return {"killed": False, "returncode": 0}
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
+    if pause_at:
+        for line in proc.stdout:
+            if line.startswith(b"REPROGATE-PAUSED"):
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return {"killed": True, "at": pause_at, "returncode": proc.returncode}
+        proc.wait()
+        raise UserError(
+            f"resume_check: the training run ended (exit {proc.returncode}) before reaching "
+            f"the kill point {pause_at}; see {log_path}."
+        )
+    out = proc.communicate(timeout=timeout)[0]
+    if proc.returncode != 0:
+        raise UserError(
+            f"resume_check: training child failed (exit {proc.returncode}); see {log_path}.\n"
+            f"{out.decode(errors='replace')}"
+        )
+    return {"killed": False, "returncode": 0}
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
