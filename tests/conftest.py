@@ -51,3 +51,50 @@ def copy_project(dest: Path) -> Path:
     subprocess.run([*git, "add", "-A"], cwd=dest, check=True)
     subprocess.run([*git, "commit", "-qm", "copy"], cwd=dest, check=True)
     return dest
+
+
+TINY_NGRAM = {
+    "kind": "model",
+    "data": "specs/data/home.yaml",
+    "family": "ngram",
+    "ngram": {"buckets": 4096, "dim": 16, "dropout": 0.1},
+    "device": "cpu",
+    "threads": 1,
+    "seed": 3,
+    "micro_batch": 8,
+    "grad_accum": 2,
+    "steps": 12,
+    "optimizer": {"lr": 0.05},
+    "schedule": {"kind": "cosine", "warmup_fraction": 0.2},
+    "label_smoothing": 0.05,
+    "checkpoint": {"every_steps": 3, "keep": 3},
+    "resume_check": {"steps": 8, "checkpoint_every": 2, "kill_after": 5},
+}
+
+
+def make_home_project(root: Path) -> Path:
+    """A small project of its own: the home-assistant fixture data, pinned and prepared."""
+    import yaml
+
+    from reprogate.stages.prepare import prepare
+
+    shutil.copytree(REPO / "tests" / "fixtures" / "home", root / "raw")
+    (root / "params.yaml").write_text(
+        "data: specs/data/home.yaml\nmodels: [tiny]\ngate: specs/gate.yaml\nmirror: []\n"
+    )
+    (root / "specs" / "data").mkdir(parents=True)
+    (root / "specs" / "models").mkdir(parents=True)
+    spec = (REPO / "tests" / "specs_examples" / "good" / "home_local.yaml").read_text()
+    (root / "specs" / "data" / "home.yaml").write_text(spec.replace("tests/fixtures/home", "raw"))
+    (root / "specs" / "gate.yaml").write_text("kind: gate\n")
+    write_model_spec(root, "tiny", TINY_NGRAM)
+    prepare(root / "specs" / "data" / "home.yaml", root)
+    return root
+
+
+def write_model_spec(root: Path, name: str, spec: dict) -> Path:
+    import yaml
+
+    path = root / "specs" / "models" / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path

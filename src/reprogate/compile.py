@@ -74,7 +74,41 @@ def prepare_stage(p: Pipeline) -> dict[str, Any]:
     }
 
 
-STAGES = {"prepare": prepare_stage}
+ENGINE = ("runtime.py", "trainer.py", "checkpoint.py", "plan.py", "models/__init__.py", "stages/train.py")
+
+
+def _foreach(p: Pipeline, do: dict[str, Any]) -> dict[str, Any]:
+    """One DVC stage per model spec listed in params.yaml; ${item.family} picks its module."""
+    return {"foreach": {n: {"family": m.family} for n, m in p.models.items()}, "do": do}
+
+
+def train_stage(p: Pipeline) -> dict[str, Any]:
+    return _foreach(
+        p,
+        {
+            "cmd": "reprogate stage train ${key}",
+            "deps": ["data/prepared", *_src(*ENGINE, "models/${item.family}.py")],
+            "params": [{"specs/models/${key}.yaml": None}],
+            "outs": ["models/${key}", {"runs/${key}": {"persist": True, "cache": False}}],
+            "metrics": [{"metrics/${key}/train.json": {"cache": False}}],
+            "plots": [{"plots/${key}/train.tsv": {"x": "step", "y": "loss", "cache": False}}],
+        },
+    )
+
+
+def resume_check_stage(p: Pipeline) -> dict[str, Any]:
+    return _foreach(
+        p,
+        {
+            "cmd": "reprogate stage resume_check ${key}",
+            "deps": ["data/prepared", *_src(*ENGINE, "models/${item.family}.py", "stages/resume_check.py")],
+            "params": [{"specs/models/${key}.yaml": None}],
+            "metrics": [{"metrics/${key}/resume.json": {"cache": False}}],
+        },
+    )
+
+
+STAGES = {"prepare": prepare_stage, "train": train_stage, "resume_check": resume_check_stage}
 
 
 def render(root: Path) -> str:

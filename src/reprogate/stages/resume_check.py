@@ -174,7 +174,8 @@ def run(root: Path, name: str, log=None) -> dict[str, Any]:
     spec_path = root / "specs" / "models" / f"{name}.yaml"
     spec = load_spec(spec_path, ModelSpec)
     rc = spec.resume_check
-    base = root / "runs" / name / "resume_check"
+    # Outside runs/<m>/, which is train@m's persistent output: touching it would rerun train.
+    base = root / "runs" / "_resume_check" / name
     if base.exists():
         shutil.rmtree(base)
     base.mkdir(parents=True)

@@ -173,6 +173,13 @@ def run(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[str
     ckpt_dir = paths.run / "checkpoints"
     resumed_from, env_changes = None, {}
     ckpt = checkpoint.load_latest(ckpt_dir, setup.fingerprint, log)
+    if ckpt is not None and ckpt.meta["trainer"]["global_step"] >= setup.total_steps:
+        changed = checkpoint.environment_changes(ckpt.fingerprint, setup.fingerprint)
+        if changed:
+            # DVC reruns a finished run only when something changed; code or packages did.
+            log(f"the finished run in {ckpt.path} used other code or packages ({sorted(changed)}); "
+                "training again from scratch")
+            ckpt = None
     if ckpt is not None:
         trainer.restore(ckpt)
         resumed_from = trainer.progress.global_step
@@ -180,7 +187,7 @@ def run(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[str
         if env_changes:
             log(f"warning: resuming under a changed environment (recorded in train.json): {env_changes}")
         log(f"resuming from {ckpt.path} (step {resumed_from} of {setup.total_steps})")
-    elif ckpt_dir.exists() and any(ckpt_dir.iterdir()):
+    if ckpt is None and ckpt_dir.exists() and any(ckpt_dir.iterdir()):
         log(f"no usable checkpoint of this run in {ckpt_dir}; removing what is there and starting fresh")
         shutil.rmtree(ckpt_dir)
 

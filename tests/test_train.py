@@ -1,0 +1,178 @@
+"""Training engine: outputs, exact resume after SIGKILL at any point, checkpoint safety."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from reprogate import checkpoint
+from reprogate.stages import resume_check
+from tests.conftest import TINY_NGRAM, make_home_project, run_cli, write_model_spec
+
+# TINY_NGRAM on the home fixture: 6 updates per epoch (11 micro-batches of 8, 2 per update),
+# 12 updates = 2 epochs, a checkpoint every 3 updates.
+STEPS, EVERY, ACCUM = 12, 3, 2
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    return make_home_project(tmp_path_factory.mktemp("home"))
+
+
+@pytest.fixture(scope="module")
+def reference(project) -> checkpoint.Checkpoint:
+    work = project / "work" / "reference"
+    work.mkdir(parents=True)
+    resume_check.run_child(project, "tiny", project / "specs/models/tiny.yaml", work)
+    return resume_check.final_checkpoint(work)
+
+
+def test_train_writes_model_metrics_and_plot(project):
+    proc = run_cli("stage", "train", "tiny", cwd=project, check=True)
+    assert "train: tiny: 12 steps on cpu" in proc.stdout
+    assert "plan: 12 steps" in proc.stderr
+    model = project / "models" / "tiny"
+    assert {p.name for p in model.iterdir()} == {
+        "model.safetensors",
+        "config.json",
+        "labels.json",
+        "fingerprint.json",
+    }
+    assert json.loads((model / "labels.json").read_text()) == [
+        "lights_on",
+        "lights_off",
+        "set_timer",
+        "play_music",
+        "weather",
+    ]
+    m = json.loads((project / "metrics" / "tiny" / "train.json").read_text())
+    assert m["steps"] == 12 and m["epochs"] == 2 and m["device"] == "cpu"
+    assert m["projected"]["total_steps"] == 12 and m["examples_per_s"] > 0
+    rows = (project / "plots" / "tiny" / "train.tsv").read_text().splitlines()
+    assert rows[0] == "step\tloss\tlr" and len(rows) == 13
+    # A second run resumes from the finished checkpoint instead of training again.
+    again = run_cli("stage", "train", "tiny", cwd=project, check=True)
+    assert "resuming from" in again.stderr
+    assert json.loads((project / "metrics" / "tiny" / "train.json").read_text())["resumed_from_step"] == 12
+
+
+KILL_POINTS = st.one_of(
+    st.integers(1, STEPS - 1).map(lambda k: f"step:{k}"),
+    st.integers(1, STEPS).map(lambda k: f"micro:{k}.1"),
+    st.sampled_from([EVERY, 2 * EVERY, 3 * EVERY]).flatmap(
+        lambda k: st.sampled_from(
+            [f"ckpt:{k}:wrote:model", f"ckpt:{k}:wrote:optimizer", f"ckpt:{k}:before_rename"]
+        )
+    ),
+)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kill_at=KILL_POINTS)
+@example(kill_at="step:4")  # mid-epoch, one update after a checkpoint
+@example(kill_at="step:6")  # exactly at the epoch boundary
+@example(kill_at="micro:8.1")  # between the two micro-batches of update 8 (gradient accumulation)
+@example(kill_at="ckpt:6:wrote:model")  # while a checkpoint is being written
+def test_every_kill_point_resumes_bitwise_identically(project, reference, kill_at):
+    work = project / "work" / "killed"
+    outcome = resume_check.kill_and_resume(project, "tiny", project / "specs/models/tiny.yaml", work, kill_at)
+    assert outcome["kill"]["returncode"] == -9  # really SIGKILLed
+    killed_step = int(kill_at.split(":")[1].split(".")[0])
+    committed_before = (killed_step - (0 if kill_at.startswith("step") else 1)) // EVERY * EVERY
+    assert outcome["restored_step"] == committed_before
+    fields = resume_check.compare(reference, resume_check.final_checkpoint(work), tolerance=0.0)
+    assert {k: f["verdict"] for k, f in fields.items()} == {k: "pass" for k in fields}
+
+
+def test_kill_during_checkpoint_write_leaves_previous_loadable(project):
+    work = project / "work" / "midwrite"
+    work.mkdir(parents=True)
+    out = resume_check.run_child(
+        project, "tiny", project / "specs/models/tiny.yaml", work, pause_at="ckpt:6:before_rename"
+    )
+    assert out["returncode"] == -9
+    ckpt_dir = work / "checkpoints"
+    assert list(ckpt_dir.glob(".tmp-step-00000006-*")), "the half-written checkpoint is left as a temp dir"
+    assert (ckpt_dir / "latest").read_text().strip() == "step-00000003"
+    loaded = checkpoint.read(checkpoint.candidates(ckpt_dir)[0])
+    assert loaded.meta["trainer"]["global_step"] == 3
+
+
+def test_corrupt_checkpoint_is_refused_and_previous_used(project, reference):
+    work = project / "work" / "corrupt"
+    shutil.copytree(reference.path.parent.parent, work)
+    latest = checkpoint.candidates(work / "checkpoints")[0]
+    blob = bytearray((latest / "model.safetensors").read_bytes())
+    blob[-1] ^= 0xFF
+    (latest / "model.safetensors").write_bytes(bytes(blob))
+    messages: list[str] = []
+    got = checkpoint.load_latest(work / "checkpoints", reference.fingerprint, messages.append)
+    assert got is not None and got.path != latest
+    assert "model.safetensors is corrupt" in messages[0] and str(latest) in messages[0]
+
+
+def test_checkpoint_of_another_spec_is_refused(project, reference):
+    other = dict(reference.fingerprint, spec_hash="0" * 64)
+    messages: list[str] = []
+    assert checkpoint.load_latest(reference.path.parent, other, messages.append) is None
+    assert all("belongs to another run (spec_hash" in m for m in messages)
+
+
+def test_compare_catches_a_one_ulp_difference(reference):
+    other = checkpoint.read(reference.path)
+    key = next(iter(other.tensors["optimizer"]))
+    t = other.tensors["optimizer"][key]
+    other.tensors["optimizer"][key] = torch.nextafter(t, t + 1)
+    other.meta["trainer"]["losses"][-1] += 1e-12
+    fields = resume_check.compare(reference, other, tolerance=0.0)
+    assert fields["optimizer"]["verdict"] == "fail" and fields["loss_record"]["verdict"] == "fail"
+    assert fields["model"]["verdict"] == "pass"
+
+
+def test_resume_check_stage_writes_its_report(project):
+    proc = run_cli("stage", "resume_check", "tiny", cwd=project, check=True)
+    assert "PASSED (bitwise equal)" in proc.stdout
+    r = json.loads((project / "metrics" / "tiny" / "resume.json").read_text())
+    assert r["passed"] and r["child_returncode"] == -9 and r["kill_signal"] == "SIGKILL"
+    assert (r["killed_after_step"], r["restored_step"], r["final_step"]) == (5, 4, 8)
+    assert set(r["fields"]) >= {
+        "model",
+        "optimizer",
+        "scheduler",
+        "rng",
+        "global_step",
+        "epoch",
+        "sampler_position",
+        "loss_record",
+    }
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_missing_device_is_a_clear_error(project):
+    write_model_spec(project, "oncuda", dict(TINY_NGRAM, device="cuda"))
+    proc = run_cli("stage", "train", "oncuda", cwd=project)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "field 'device' is 'cuda'" in proc.stderr and "oncuda.yaml" in proc.stderr
+
+
+def test_budget_is_enforced_before_training(project):
+    write_model_spec(
+        project,
+        "tight",
+        dict(
+            TINY_NGRAM,
+            steps=400,
+            checkpoint={"every_steps": 100},
+            budget={"max_minutes": 0.001, "max_memory_gb": 8},
+        ),
+    )
+    proc = run_cli("stage", "train", "tight", cwd=project)
+    assert proc.returncode == 2 and "training refused before it started" in proc.stderr
+    assert "exceeds budget.max_minutes 0.001" in proc.stderr
+    assert not (project / "runs" / "tight").exists()
