@@ -74,7 +74,6 @@ TINY_NGRAM = {
 
 def make_home_project(root: Path) -> Path:
     """A small project of its own: the home-assistant fixture data, pinned and prepared."""
-    import yaml
 
     from reprogate.stages.prepare import prepare
 

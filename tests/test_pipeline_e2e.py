@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import BIN, copy_project, run_cli
+from tests.conftest import BIN, copy_project, run_cli, write_model_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -26,11 +26,41 @@ def dvc(project: Path, *args: str, mirror: Path) -> subprocess.CompletedProcess:
     return proc
 
 
+# A small but real model spec, so the whole pipeline runs in CI in about a minute.
+SMALL = {
+    "kind": "model",
+    "description": "CI-sized ngram model",
+    "data": "specs/data/banking77.yaml",
+    "family": "ngram",
+    "ngram": {"buckets": 16384, "dim": 32},
+    "device": "cpu",
+    "seed": 5,
+    "micro_batch": 128,
+    "epochs": 2,
+    "optimizer": {"lr": 0.02, "weight_decay": 0.0},
+    "checkpoint": {"every_steps": 50, "keep": 2},
+    "budget": {"max_minutes": 5, "max_memory_gb": 4},
+}
+
+
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, mirror) -> Path:
     root = copy_project(tmp_path_factory.mktemp("e2e"))
+    write_model_spec(root, "small", SMALL)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    (root / "params.yaml").write_text(yaml.safe_dump(dict(params, models=["small"]), sort_keys=False))
+    run_cli("compile", cwd=root, check=True)
     dvc(root, "repro", mirror=mirror)
     return root
+
+
+def test_repro_runs_every_stage(project):
+    m = json.loads((project / "metrics" / "small" / "train.json").read_text())
+    assert m["steps"] == 2 * 63 and m["validation_accuracy"] > 0.5
+    assert (project / "models" / "small" / "model.safetensors").is_file()
+    assert (project / "data" / "features" / "small" / "manifest.json").is_file()
+    r = json.loads((project / "metrics" / "small" / "resume.json").read_text())
+    assert r["passed"] and r["tolerance"] == 0.0
 
 
 def test_repro_builds_prepared_data_and_metrics(project):
@@ -47,12 +77,17 @@ def test_second_repro_does_nothing(project, mirror):
     assert "up to date" in out
 
 
-def test_model_spec_edit_does_not_rerun_prepare(project, mirror):
-    spec = project / "specs" / "models" / "ngram.yaml"
-    data = yaml.safe_load(spec.read_text())
-    spec.write_text(spec.read_text().replace(f"seed: {data['seed']}", f"seed: {data['seed'] + 1}"))
+def test_head_change_retrains_without_refeaturizing(project, mirror):
+    write_model_spec(project, "small", dict(SMALL, seed=6, optimizer={"lr": 0.03}))
     out = dvc(project, "repro", mirror=mirror).stdout
-    assert "Running stage 'prepare'" not in out
+    assert "Running stage 'train@small'" in out
+    assert "Running stage 'prepare'" not in out and "Running stage 'features@small'" not in out
+
+
+def test_featurizer_change_refeaturizes(project, mirror):
+    write_model_spec(project, "small", dict(SMALL, ngram={"buckets": 8192, "dim": 32}))
+    out = dvc(project, "repro", mirror=mirror).stdout
+    assert "Running stage 'features@small'" in out and "Running stage 'prepare'" not in out
 
 
 def test_data_spec_edit_reruns_prepare(project, mirror):

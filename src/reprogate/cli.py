@@ -66,6 +66,13 @@ def _stage(args: argparse.Namespace) -> int:
             f"{m['validation_accuracy']:.4f}, peak memory {m['peak_rss_gb']:.2f} GB"
         )
         return 0
+    if args.name == "features":
+        from reprogate.stages import features
+
+        if not args.model:
+            raise UserError("stage features needs a model name, e.g. `reprogate stage features ngram`.")
+        print(features.run(root, args.model))
+        return 0
     if args.name == "resume_check":
         from reprogate.stages import resume_check
 
@@ -120,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=_compile)
 
     st = sub.add_parser("stage", help="run one pipeline stage (what dvc repro calls)")
-    st.add_argument("name", choices=["prepare", "train", "resume_check"])
+    st.add_argument("name", choices=["prepare", "features", "train", "resume_check"])
     st.add_argument("model", nargs="?", help="model spec name (specs/models/NAME.yaml)")
     st.add_argument("--spec", help="spec file (default: params.yaml 'data' / specs/models/NAME.yaml)")
     st.add_argument("--run-dir", help="checkpoint folder (default: runs/NAME)")

@@ -74,12 +74,37 @@ def prepare_stage(p: Pipeline) -> dict[str, Any]:
     }
 
 
-ENGINE = ("runtime.py", "trainer.py", "checkpoint.py", "plan.py", "models/__init__.py", "stages/train.py")
+ENGINE = (
+    "runtime.py",
+    "trainer.py",
+    "checkpoint.py",
+    "plan.py",
+    "models/__init__.py",
+    "stages/features.py",
+    "stages/train.py",
+)
 
 
 def _foreach(p: Pipeline, do: dict[str, Any]) -> dict[str, Any]:
-    """One DVC stage per model spec listed in params.yaml; ${item.family} picks its module."""
+    """One DVC stage per model spec listed in params.yaml; ${item.family} picks its module
+    and its spec section (`ngram` or `encoder`)."""
     return {"foreach": {n: {"family": m.family} for n, m in p.models.items()}, "do": do}
+
+
+def features_stage(p: Pipeline) -> dict[str, Any]:
+    return _foreach(
+        p,
+        {
+            "cmd": "reprogate stage features ${key}",
+            "deps": [
+                "data/prepared",
+                *_src("runtime.py", "models/__init__.py", "models/${item.family}.py", "stages/features.py"),
+            ],
+            # Only what shapes the features: a head, lr or seed change does not re-encode.
+            "params": [{"specs/models/${key}.yaml": ["family", "data", "${item.family}"]}],
+            "outs": ["data/features/${key}"],
+        },
+    )
 
 
 def train_stage(p: Pipeline) -> dict[str, Any]:
@@ -87,7 +112,7 @@ def train_stage(p: Pipeline) -> dict[str, Any]:
         p,
         {
             "cmd": "reprogate stage train ${key}",
-            "deps": ["data/prepared", *_src(*ENGINE, "models/${item.family}.py")],
+            "deps": ["data/prepared", "data/features/${key}", *_src(*ENGINE, "models/${item.family}.py")],
             "params": [{"specs/models/${key}.yaml": None}],
             "outs": ["models/${key}", {"runs/${key}": {"persist": True, "cache": False}}],
             "metrics": [{"metrics/${key}/train.json": {"cache": False}}],
@@ -101,14 +126,23 @@ def resume_check_stage(p: Pipeline) -> dict[str, Any]:
         p,
         {
             "cmd": "reprogate stage resume_check ${key}",
-            "deps": ["data/prepared", *_src(*ENGINE, "models/${item.family}.py", "stages/resume_check.py")],
+            "deps": [
+                "data/prepared",
+                "data/features/${key}",
+                *_src(*ENGINE, "models/${item.family}.py", "stages/resume_check.py"),
+            ],
             "params": [{"specs/models/${key}.yaml": None}],
             "metrics": [{"metrics/${key}/resume.json": {"cache": False}}],
         },
     )
 
 
-STAGES = {"prepare": prepare_stage, "train": train_stage, "resume_check": resume_check_stage}
+STAGES = {
+    "prepare": prepare_stage,
+    "features": features_stage,
+    "train": train_stage,
+    "resume_check": resume_check_stage,
+}
 
 
 def render(root: Path) -> str:

@@ -376,7 +376,8 @@ class ModelSpec(Strict):
                 f"({self.steps}); no checkpoint would ever be written. Use at most {self.steps}"
             )
         if self.family == "ngram" and self.ngram is None:
-            object.__setattr__(self, "ngram", NgramConfig())
+            # Written out, because features@m depends on exactly this section.
+            raise ValueError("family 'ngram' needs an 'ngram' section; write `ngram: {}` for the defaults")
         other = "encoder" if self.family == "ngram" else "ngram"
         if getattr(self, other) is not None:
             raise ValueError(f"family is '{self.family}' but an '{other}' section is given; remove it")

@@ -1,13 +1,18 @@
 """Model families. Each module offers `build(spec, n_out, root) -> (module, featurizer)`.
 
-A featurizer turns texts into per-example features once (`encode`) and stacks a micro-batch
-of them into tensors (`collate`); the module maps those tensors to logits. Both are
-rebuilt from `models/<m>/config.json` at prediction time, without the training code.
+A featurizer turns texts into per-example features (`encode`), stacks a micro-batch of them
+into tensors (`collate`), and stores/loads a whole split (`to_tensors` / `from_tensors`) so
+the `features@m` stage computes them once. `key()` says what the features depend on: a cached
+file is used only when its key matches.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
+
+import torch
 
 from reprogate.specs import ModelSpec
 
@@ -22,6 +27,17 @@ def build(spec: ModelSpec, n_out: int, root: Path):
     return encoder.build(spec, n_out, root)
 
 
-def module_for(family: str) -> str:
-    """Source file of a family, for exact DVC dependencies."""
-    return f"models/{family}.py"
+def feature_key(featurizer) -> str:
+    return hashlib.sha256(json.dumps(featurizer.key(), sort_keys=True).encode()).hexdigest()
+
+
+def ragged_to_tensors(feats: list[list[int]]) -> dict[str, torch.Tensor]:
+    lengths = torch.tensor([len(f) for f in feats], dtype=torch.long)
+    offsets = torch.zeros(len(feats) + 1, dtype=torch.long)
+    offsets[1:] = torch.cumsum(lengths, 0)
+    return {"flat": torch.tensor([i for f in feats for i in f], dtype=torch.long), "offsets": offsets}
+
+
+def tensors_to_ragged(t: dict[str, torch.Tensor]) -> list[list[int]]:
+    flat, off = t["flat"].tolist(), t["offsets"].tolist()
+    return [flat[off[i] : off[i + 1]] for i in range(len(off) - 1)]

@@ -1,7 +1,9 @@
 """Family `encoder`: a Hugging Face encoder with mean or CLS pooling and a linear head.
 
-Modes: `full` fine-tunes everything, `frozen` trains the head only, `lora` adds peft LoRA
-adapters to the attention projections. Texts longer than max_length are truncated and
+Modes: `full` fine-tunes everything, `lora` adds peft LoRA adapters to the attention
+projections, `frozen` trains the head only. In frozen mode the pooled embeddings are the
+features: `features@m` computes them once per split, so a change to the head, its learning
+rate or its seed retrains in seconds. Texts longer than max_length are truncated and
 counted (`truncated`), never dropped.
 """
 
@@ -11,23 +13,33 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
+from reprogate.models import ragged_to_tensors, tensors_to_ragged
 from reprogate.specs import ModelSpec, resolve_encoder_path
 
 
-class EncoderFeaturizer:
-    def __init__(self, tokenizer, max_length: int):
-        self.tokenizer, self.max_length = tokenizer, max_length
+def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tensor:
+    if pooling == "cls":
+        return hidden[:, 0]
+    m = mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
+
+
+class TokenFeaturizer:
+    """Token ids per text (full and LoRA modes: the encoder runs inside the model)."""
+
+    def __init__(self, tokenizer, max_length: int, source: str):
+        self.tokenizer, self.max_length, self.source = tokenizer, max_length, source
         self.truncated = 0
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         full = self.tokenizer(texts, add_special_tokens=True, truncation=False)["input_ids"]
-        self.truncated += sum(1 for ids in full if len(ids) > self.max_length)
         out = []
         for ids in full:
             if len(ids) > self.max_length:
-                # Keep the leading tokens and the closing [SEP].
-                ids = ids[: self.max_length - 1] + ids[-1:]
+                self.truncated += 1
+                ids = ids[: self.max_length - 1] + ids[-1:]  # keep the closing [SEP]
             out.append(ids)
         return out
 
@@ -44,54 +56,111 @@ class EncoderFeaturizer:
     def config(self) -> dict:
         return {"max_length": self.max_length}
 
+    def key(self) -> dict:
+        return {"family": "encoder", "kind": "tokens", "source": self.source, "max_length": self.max_length}
+
+    def to_tensors(self, feats: list[list[int]]) -> dict[str, torch.Tensor]:
+        return ragged_to_tensors(feats)
+
+    def from_tensors(self, t: dict[str, torch.Tensor]) -> list[list[int]]:
+        return tensors_to_ragged(t)
+
+
+class EmbeddingFeaturizer(TokenFeaturizer):
+    """Pooled embeddings of a frozen encoder (frozen mode)."""
+
+    def __init__(self, tokenizer, max_length: int, source: str, encoder: nn.Module, pooling: str):
+        super().__init__(tokenizer, max_length, source)
+        self.encoder, self.pooling = encoder.eval(), pooling
+        self.encoder.requires_grad_(False)
+
+    def encode(self, texts: list[str], batch: int = 64) -> torch.Tensor:
+        ids = super().encode(texts)
+        # Sorting by length keeps padding small; results go back to the input order.
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        out = torch.empty((len(ids), self.encoder.config.hidden_size))
+        device = next(self.encoder.parameters()).device
+        with torch.inference_mode():
+            for s in tqdm(
+                range(0, len(order), batch),
+                desc="embed",
+                unit="batch",
+                disable=len(order) <= batch,
+                mininterval=5.0,
+            ):
+                idx = order[s : s + batch]
+                b = {k: v.to(device) for k, v in super().collate([ids[i] for i in idx]).items()}
+                hidden = self.encoder(**b).last_hidden_state
+                out[idx] = pool(hidden, b["attention_mask"], self.pooling).float().cpu()
+        return out
+
+    def collate(self, feats) -> dict[str, torch.Tensor]:
+        return {"embedding": torch.stack(list(feats))}
+
+    def key(self) -> dict:
+        return {**super().key(), "kind": "embedding", "pooling": self.pooling}
+
+    def to_tensors(self, feats: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"embedding": feats}
+
+    def from_tensors(self, t: dict[str, torch.Tensor]) -> torch.Tensor:
+        return t["embedding"]
+
 
 class EncoderClassifier(nn.Module):
-    def __init__(self, encoder: nn.Module, n_out: int, pooling: str, dropout: float, frozen: bool):
+    def __init__(self, encoder: nn.Module, n_out: int, pooling: str, dropout: float):
         super().__init__()
-        self.encoder, self.pooling, self.frozen = encoder, pooling, frozen
+        self.encoder, self.pooling = encoder, pooling
         self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(encoder.config.hidden_size, n_out)
-        if frozen:
-            self.encoder.requires_grad_(False)
-
-    def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.frozen):
-            hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        if self.pooling == "cls":
-            return hidden[:, 0]
-        m = attention_mask.unsqueeze(-1).to(hidden.dtype)
-        return (hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.head(self.dropout(self.embed(input_ids, attention_mask)))
+        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return self.head(self.dropout(pool(hidden, attention_mask, self.pooling)))
 
 
-def _load(path: str, mode: str, lora_cfg, n_out: int, pooling: str, dropout: float):
+class HeadOnly(nn.Module):
+    """Frozen mode: the head trained on cached embeddings (same parameter names as above)."""
+
+    def __init__(self, hidden: int, n_out: int, dropout: float):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.head = nn.Linear(hidden, n_out)
+
+    def forward(self, embedding: torch.Tensor) -> torch.Tensor:
+        return self.head(self.dropout(embedding))
+
+
+def _load_encoder(path: str):
     from transformers import AutoModel, AutoTokenizer
 
     name, _, revision = path.partition("@")
     tokenizer = AutoTokenizer.from_pretrained(name, revision=revision or None)
-    encoder = AutoModel.from_pretrained(name, revision=revision or None)
-    if mode == "lora":
-        from peft import LoraConfig, get_peft_model
+    return AutoModel.from_pretrained(name, revision=revision or None), tokenizer
 
-        encoder = get_peft_model(
-            encoder,
-            LoraConfig(
-                r=lora_cfg["r"],
-                lora_alpha=lora_cfg["alpha"],
-                lora_dropout=lora_cfg["dropout"],
-                target_modules=lora_cfg["target_modules"],
-            ),
-        )
-    model = EncoderClassifier(encoder, n_out, pooling, dropout, frozen=mode == "frozen")
-    return model, tokenizer
+
+def _lora(encoder: nn.Module, cfg: dict) -> nn.Module:
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(
+        encoder,
+        LoraConfig(
+            r=cfg["r"],
+            lora_alpha=cfg["alpha"],
+            lora_dropout=cfg["dropout"],
+            target_modules=cfg["target_modules"],
+        ),
+    )
 
 
 def build(spec: ModelSpec, n_out: int, root: Path):
     cfg = spec.encoder
     assert cfg is not None
-    path = resolve_encoder_path(cfg.model, root)
-    lora = cfg.lora.model_dump() if cfg.lora else None
-    model, tok = _load(path, cfg.mode, lora, n_out, cfg.pooling, spec.head.dropout)
-    return model, EncoderFeaturizer(tok, cfg.max_length)
+    encoder, tokenizer = _load_encoder(resolve_encoder_path(cfg.model, root))
+    if cfg.mode == "frozen":
+        feat = EmbeddingFeaturizer(tokenizer, cfg.max_length, cfg.model, encoder, cfg.pooling)
+        return HeadOnly(encoder.config.hidden_size, n_out, spec.head.dropout), feat
+    if cfg.mode == "lora":
+        encoder = _lora(encoder, cfg.lora.model_dump())
+    model = EncoderClassifier(encoder, n_out, cfg.pooling, spec.head.dropout)
+    return model, TokenFeaturizer(tokenizer, cfg.max_length, cfg.model)

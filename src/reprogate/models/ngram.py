@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from reprogate.models import ragged_to_tensors, tensors_to_ragged
 from reprogate.specs import ModelSpec
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
@@ -51,6 +52,15 @@ class NgramFeaturizer:
 
     def config(self) -> dict:
         return {"word_ngrams": list(self.word), "char_ngrams": list(self.char), "buckets": self.buckets}
+
+    def key(self) -> dict:
+        return {"family": "ngram", "hash": "crc32", **self.config()}
+
+    def to_tensors(self, feats: list[list[int]]) -> dict[str, torch.Tensor]:
+        return ragged_to_tensors(feats)
+
+    def from_tensors(self, t: dict[str, torch.Tensor]) -> list[list[int]]:
+        return tensors_to_ragged(t)
 
 
 class NgramClassifier(nn.Module):

@@ -19,12 +19,14 @@ from typing import Any
 
 from reprogate.errors import UserError
 from reprogate.specs import DataSpec, ModelSpec, load_spec, spec_hash
+from reprogate.stages.features import concat, split_features
 
 PREPARED = Path("data/prepared")
 
 
 @dataclass
 class Paths:
+    name: str
     spec: Path
     run: Path
     model: Path
@@ -42,6 +44,7 @@ class Paths:
     ) -> Paths:
         if work is not None:  # everything of this run in one folder (resume_check, tests)
             return cls(
+                name,
                 spec or root / "specs" / "models" / f"{name}.yaml",
                 work,
                 work / "model",
@@ -49,6 +52,7 @@ class Paths:
                 work / "plots",
             )
         return cls(
+            name=name,
             spec=spec or root / "specs" / "models" / f"{name}.yaml",
             run=run or root / "runs" / name,
             model=root / "models" / name,
@@ -124,7 +128,11 @@ class Setup:
         self.data = load_train_data(root, self.spec, paths.spec)
         t0 = time.perf_counter()
         _, self.featurizer = self._build()
-        self.feats = self.featurizer.encode([e.text for e in self.data.examples])
+        if hasattr(self.featurizer, "encoder"):
+            self.featurizer.encoder.to(self.device)
+        self.feats = self.split("train")
+        if self.spec.head.out_of_scope_class:
+            self.feats = concat(self.feats, self.split("negatives"))
         self.encode_s = time.perf_counter() - t0
         from reprogate.trainer import total_steps
 
@@ -136,6 +144,10 @@ class Setup:
                 f"{len(self.feats)} examples); use at most {self.total_steps}."
             )
         self.fingerprint = fingerprint(self.spec, self.data, self.device)
+
+    def split(self, name: str):
+        """Features of a prepared split: from features@m when it matches, else encoded now."""
+        return split_features(self.root, self.paths.name, self.featurizer, name)
 
     def _build(self):
         from reprogate import models
@@ -177,8 +189,10 @@ def run(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[str
         changed = checkpoint.environment_changes(ckpt.fingerprint, setup.fingerprint)
         if changed:
             # DVC reruns a finished run only when something changed; code or packages did.
-            log(f"the finished run in {ckpt.path} used other code or packages ({sorted(changed)}); "
-                "training again from scratch")
+            log(
+                f"the finished run in {ckpt.path} used other code or packages ({sorted(changed)}); "
+                "training again from scratch"
+            )
             ckpt = None
     if ckpt is not None:
         trainer.restore(ckpt)
@@ -262,7 +276,7 @@ def validation_accuracy(setup: Setup, trainer) -> float:
 
     rows = read_jsonl(setup.root / PREPARED / "validation.jsonl")
     index = {lbl: i for i, lbl in enumerate(setup.data.labels)}
-    feats = setup.featurizer.encode([r["text"] for r in rows])
+    feats = setup.split("validation")
     gold = torch.tensor([index[r["label"]] for r in rows])
     pred = predict_logits(trainer.model, setup.featurizer, feats, setup.device).argmax(-1)
     return float((pred == gold).float().mean())
@@ -286,12 +300,12 @@ def export(out: Path, setup: Setup, trainer) -> None:
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    model = trainer.model
-    save_file(
-        {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()},
-        str(out / "model.safetensors"),
-    )
-    spec = setup.spec
+    model, spec = trainer.model, setup.spec
+    state = dict(model.state_dict())
+    if spec.family == "encoder" and spec.encoder.mode == "frozen":
+        # Self-contained for prediction on raw text: the frozen encoder's weights go in too.
+        state.update({f"encoder.{k}": v for k, v in setup.featurizer.encoder.state_dict().items()})
+    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(out / "model.safetensors"))
     config: dict[str, Any] = {
         "family": spec.family,
         "n_out": len(setup.data.labels),
@@ -301,7 +315,11 @@ def export(out: Path, setup: Setup, trainer) -> None:
     if spec.family == "ngram":
         config["dim"] = spec.ngram.dim
     else:
-        enc = model.encoder.get_base_model() if spec.encoder.mode == "lora" else model.encoder
+        enc = {
+            "full": lambda: model.encoder,
+            "lora": lambda: model.encoder.get_base_model(),
+            "frozen": lambda: setup.featurizer.encoder,
+        }[spec.encoder.mode]()
         enc.config.save_pretrained(out / "encoder")
         setup.featurizer.tokenizer.save_pretrained(out / "tokenizer")
         config["encoder"] = {
