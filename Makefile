@@ -38,7 +38,7 @@ lint: venv
 	ruff format --check src tests
 
 bench: venv
-	python -m pytest bench --benchmark-enable -q
+	python bench/train_bench.py
 
 lock: venv
 	{ head -3 requirements.lock; python -m pip freeze --exclude-editable | sed 's/^torch==\(.*\)+cpu$$/torch==\1/'; } > requirements.lock.new

@@ -221,8 +221,9 @@ def test_encoder_resumes_bitwise_identically(project, mode):
     else:
         assert len(trained) == 3 * 2  # head weight and bias
     config = json.loads((ref / "model" / "config.json").read_text())
-    assert config["encoder"]["mode"] == mode
-    assert (ref / "model" / "tokenizer").is_dir() and (ref / "model" / "encoder" / "config.json").is_file()
+    assert config["spec"]["encoder"]["mode"] == mode
+    assets = ref / "model" / "assets"
+    assert (assets / "tokenizer").is_dir() and (assets / "encoder" / "config.json").is_file()
 
 
 def test_frozen_features_are_computed_once(project, monkeypatch):
@@ -241,3 +242,21 @@ def test_frozen_features_are_computed_once(project, monkeypatch):
     monkeypatch.setattr(EmbeddingFeaturizer, "encode", no_encoding)
     setup = train.Setup(project, train.Paths.for_model(project, "enc_cached"))
     assert setup.feats.shape == (manifest["splits"]["train"]["rows"], 384)
+
+
+def test_resume_under_new_packages_warns_and_records(project):
+    work = project / "work" / "envchange"
+    spec = project / "specs/models/tiny.yaml"
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    resume_check.run_child(project, "tiny", spec, work, pause_at="step:4")
+    latest = checkpoint.candidates(work / "checkpoints")[0]
+    manifest = json.loads((latest / "manifest.json").read_text())
+    manifest["fingerprint"]["environment"]["torch"] = "2.0.0"
+    (latest / "manifest.json").write_text(json.dumps(manifest))
+    resume_check.run_child(project, "tiny", spec, work)
+    log = (work.parent / "envchange.log").read_text()
+    assert "warning: resuming under a changed environment" in log
+    m = json.loads((work / "metrics" / "train.json").read_text())
+    assert m["resumed_from_step"] == 3 and m["environment_changes"]["torch"][0] == "2.0.0"

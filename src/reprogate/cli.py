@@ -73,6 +73,25 @@ def _stage(args: argparse.Namespace) -> int:
             raise UserError("stage features needs a model name, e.g. `reprogate stage features ngram`.")
         print(features.run(root, args.model))
         return 0
+    if args.name == "calibrate":
+        from reprogate.compile import load_pipeline
+        from reprogate.stages import calibrate
+
+        gate = root / load_pipeline(root).gate
+        print(calibrate.summary(_need_model(args), calibrate.run(root, args.model, gate)))
+        return 0
+    if args.name == "evaluate":
+        from reprogate.stages import evaluate
+
+        print(evaluate.summary(_need_model(args), evaluate.run(root, args.model)))
+        return 0
+    if args.name == "gate":
+        from reprogate.compile import load_pipeline
+        from reprogate.stages import gate
+
+        pipe = load_pipeline(root)
+        print(gate.summary(gate.run(root, list(pipe.models), root / pipe.gate)))
+        return 0
     if args.name == "resume_check":
         from reprogate.stages import resume_check
 
@@ -83,6 +102,12 @@ def _stage(args: argparse.Namespace) -> int:
         print(resume_check.summary(args.model, resume_check.run(root, args.model)))
         return 0
     raise UserError(f"unknown stage '{args.name}'")
+
+
+def _need_model(args: argparse.Namespace) -> str:
+    if not args.model:
+        raise UserError(f"stage {args.name} needs a model name, e.g. `reprogate stage {args.name} ngram`.")
+    return args.model
 
 
 def _model_paths(root: Path, args: argparse.Namespace):
@@ -97,6 +122,93 @@ def _model_paths(root: Path, args: argparse.Namespace):
         Path(args.run_dir) if args.run_dir else None,
         Path(args.work_dir) if args.work_dir else None,
     )
+
+
+def _promote(args: argparse.Namespace) -> int:
+    from reprogate.promote import promote
+
+    print(promote(find_root(Path.cwd()), dry_run=args.dry_run))
+    return 0
+
+
+def _history(args: argparse.Namespace) -> int:
+    from reprogate.promote import history
+
+    print(history(find_root(Path.cwd())))
+    return 0
+
+
+def _read_inputs(args: argparse.Namespace) -> list[str]:
+    if args.input:
+        path = Path(args.input)
+        if not path.is_file():
+            raise UserError(f"{path}: no such input file; give a .txt (one query per line) or .jsonl file.")
+        lines = path.read_text(encoding="utf-8").splitlines()
+        if path.suffix == ".jsonl":
+            texts = []
+            for i, line in enumerate(lines, 1):
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise UserError(
+                        f"{path}:{i}: not valid JSON ({e.msg}); write one object per line."
+                    ) from None
+                if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+                    raise UserError(
+                        f'{path}:{i}: each line needs a string field "text", e.g. {{"text": "..."}}.'
+                    )
+                texts.append(obj["text"])
+            return texts
+        return lines
+    return list(args.texts)
+
+
+def _predict(args: argparse.Namespace) -> int:
+    import time
+
+    from reprogate.inference import Policy, Scorer, prediction, probabilities
+    from reprogate.stages.gate import production
+
+    root = find_root(Path.cwd())
+    if args.model:
+        model_dir = Path(args.model)
+    else:
+        prod = production(root)
+        if prod is None:
+            raise UserError(
+                "no model is in production yet (models/production.json); run `reprogate promote` "
+                "after a passing gate, or pass --model models/NAME."
+            )
+        model_dir = root / "models" / prod["model"]
+    texts = _read_inputs(args)
+    if not texts:
+        raise UserError("nothing to predict: give one or more texts, or --input FILE.")
+    empty = [i for i, t in enumerate(texts, 1) if not t.strip()]
+    if empty:
+        raise UserError(f"query {empty[0]} is empty; every query needs some text.")
+    if not (model_dir / "calibration.json").is_file():
+        raise UserError(
+            f"{model_dir}: no calibration.json; run `dvc repro calibrate@{model_dir.name}` first."
+        )
+    scorer = Scorer(root, model_dir.name, model_dir)
+    policy = Policy.load(model_dir / "calibration.json")
+    version = f"{model_dir.name}@{scorer.fingerprint['spec_hash'][:12]}"
+    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout  # noqa: SIM115
+    try:
+        for text in texts:
+            start = time.perf_counter()
+            probs = probabilities(scorer.text_logits([text]), policy.temperature)[0]
+            obj = {
+                "text": text,
+                **prediction(probs, scorer.labels, policy, scorer.oos_index),
+                "model_version": version,
+                "latency_ms": round((time.perf_counter() - start) * 1000, 3),
+            }
+            out.write(json.dumps(obj, ensure_ascii=False) + "\n")
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return 0
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -127,13 +239,31 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=_compile)
 
     st = sub.add_parser("stage", help="run one pipeline stage (what dvc repro calls)")
-    st.add_argument("name", choices=["prepare", "features", "train", "resume_check"])
+    st.add_argument(
+        "name", choices=["prepare", "features", "train", "calibrate", "evaluate", "resume_check", "gate"]
+    )
     st.add_argument("model", nargs="?", help="model spec name (specs/models/NAME.yaml)")
     st.add_argument("--spec", help="spec file (default: params.yaml 'data' / specs/models/NAME.yaml)")
     st.add_argument("--run-dir", help="checkpoint folder (default: runs/NAME)")
     st.add_argument("--work-dir", help="put checkpoints, model, metrics and plots of this run here")
     st.add_argument("--skip-plan", action="store_true", help="do not measure/project before training")
     st.set_defaults(func=_stage)
+
+    pr = sub.add_parser(
+        "promote", help="put the model that passed the gate into production (git commit + tag)"
+    )
+    pr.add_argument("--dry-run", action="store_true", help="show what would be written and committed")
+    pr.set_defaults(func=_promote)
+
+    hi = sub.add_parser("history", help="the promotions, from git")
+    hi.set_defaults(func=_history)
+
+    pd = sub.add_parser("predict", help="routed predictions from the production model")
+    pd.add_argument("texts", nargs="*")
+    pd.add_argument("--input", help=".txt (one query per line) or .jsonl with a 'text' field")
+    pd.add_argument("--output", help="write JSON lines here instead of stdout")
+    pd.add_argument("--model", help="a model folder (default: the one in models/production.json)")
+    pd.set_defaults(func=_predict)
 
     pl = sub.add_parser("plan", help="measure a few real steps and project time and memory")
     pl.add_argument("spec")

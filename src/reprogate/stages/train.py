@@ -19,7 +19,6 @@ from typing import Any
 
 from reprogate.errors import UserError
 from reprogate.specs import DataSpec, ModelSpec, load_spec, spec_hash
-from reprogate.stages.features import concat, split_features
 
 PREPARED = Path("data/prepared")
 
@@ -132,6 +131,8 @@ class Setup:
             self.featurizer.encoder.to(self.device)
         self.feats = self.split("train")
         if self.spec.head.out_of_scope_class:
+            from reprogate.stages.features import concat
+
             self.feats = concat(self.feats, self.split("negatives"))
         self.encode_s = time.perf_counter() - t0
         from reprogate.trainer import total_steps
@@ -147,6 +148,8 @@ class Setup:
 
     def split(self, name: str):
         """Features of a prepared split: from features@m when it matches, else encoded now."""
+        from reprogate.stages.features import split_features
+
         return split_features(self.root, self.paths.name, self.featurizer, name)
 
     def _build(self):
@@ -294,12 +297,23 @@ def predict_logits(model, featurizer, feats: list, device, batch: int = 256):
     return torch.cat(out)
 
 
+TRAIN_FILES = ("model.safetensors", "config.json", "labels.json", "fingerprint.json", "assets")
+
+
 def export(out: Path, setup: Setup, trainer) -> None:
+    """models/<m>/: weights, config, labels, fingerprint and assets/ (tokenizer and encoder
+    config, or the n-gram hashing config). calibration.json beside them is calibrate@m's."""
     from safetensors.torch import save_file
 
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in TRAIN_FILES:
+        old = out / name
+        if old.is_dir():
+            shutil.rmtree(old)
+        elif old.exists():
+            old.unlink()
+    assets = out / "assets"
+    assets.mkdir()
     model, spec = trainer.model, setup.spec
     state = dict(model.state_dict())
     if spec.family == "encoder" and spec.encoder.mode == "frozen":
@@ -309,24 +323,19 @@ def export(out: Path, setup: Setup, trainer) -> None:
     config: dict[str, Any] = {
         "family": spec.family,
         "n_out": len(setup.data.labels),
-        "featurizer": setup.featurizer.config(),
+        "featurizer": setup.featurizer.key(),
         "spec": spec.model_dump(mode="json"),
     }
     if spec.family == "ngram":
-        config["dim"] = spec.ngram.dim
+        (assets / "featurizer.json").write_text(json.dumps(setup.featurizer.key(), indent=2) + "\n")
     else:
         enc = {
             "full": lambda: model.encoder,
             "lora": lambda: model.encoder.get_base_model(),
             "frozen": lambda: setup.featurizer.encoder,
         }[spec.encoder.mode]()
-        enc.config.save_pretrained(out / "encoder")
-        setup.featurizer.tokenizer.save_pretrained(out / "tokenizer")
-        config["encoder"] = {
-            "mode": spec.encoder.mode,
-            "pooling": spec.encoder.pooling,
-            "lora": spec.encoder.lora.model_dump() if spec.encoder.lora else None,
-        }
+        enc.config.save_pretrained(assets / "encoder")
+        setup.featurizer.tokenizer.save_pretrained(assets / "tokenizer")
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (out / "labels.json").write_text(json.dumps(setup.data.labels, indent=1, ensure_ascii=False) + "\n")
     fp = dict(setup.fingerprint, total_steps=setup.total_steps)

@@ -1,0 +1,207 @@
+"""A trained model as a scorer: load models/<m>/, score texts or prepared splits, calibrate,
+route. Shared by calibrate, evaluate, gate and predict so that all of them see the same
+probabilities.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+from reprogate.errors import UserError
+from reprogate.specs import ModelSpec
+from reprogate.trainer import OOS_LABEL
+
+N_BINS = 15
+
+
+@dataclass
+class Policy:
+    temperature: float
+    threshold: float  # act only when the calibrated top-1 probability is at least this
+    margin: float  # ... and top-1 minus top-2 is at least this
+
+    @classmethod
+    def load(cls, path: Path) -> Policy:
+        c = json.loads(path.read_text())
+        return cls(c["temperature"], c["policy"]["threshold"], c["policy"]["margin"])
+
+
+class Scorer:
+    """Logits of a trained model for prepared splits (cached features) or raw texts."""
+
+    def __init__(self, root: Path, name: str, model_dir: Path | None = None):
+        from reprogate import models
+        from reprogate.runtime import configure_mps_env, select_device
+
+        self.root, self.name = root, name
+        self.dir = model_dir or root / "models" / name
+        if not (self.dir / "config.json").is_file():
+            raise UserError(f"{self.dir}: no trained model here; run `dvc repro train@{name}` first.")
+        config = json.loads((self.dir / "config.json").read_text())
+        self.labels: list[str] = json.loads((self.dir / "labels.json").read_text())
+        self.spec = ModelSpec.model_validate(config["spec"])
+        configure_mps_env(self.spec)
+        self.device = select_device(self.spec, self.dir / "config.json")
+        torch.set_num_threads(self.spec.threads)
+        self.model, self.featurizer = models.build(self.spec, len(self.labels), root)
+        state = load_file(str(self.dir / "model.safetensors"))
+        if self.spec.family == "encoder" and self.spec.encoder.mode == "frozen":
+            state = {k: v for k, v in state.items() if k.startswith("head.")}
+            self.featurizer.encoder.to(self.device)
+        self.model.load_state_dict(state)
+        self.model.to(self.device).eval()
+        self.fingerprint = json.loads((self.dir / "fingerprint.json").read_text())
+
+    def logits_for(self, feats) -> torch.Tensor:
+        from reprogate.stages.train import predict_logits
+
+        return predict_logits(self.model, self.featurizer, feats, self.device)
+
+    def split_logits(self, split: str) -> torch.Tensor:
+        from reprogate.stages.features import split_features
+
+        return self.logits_for(split_features(self.root, self.name, self.featurizer, split))
+
+    def text_logits(self, texts: list[str]) -> torch.Tensor:
+        return self.logits_for(self.featurizer.encode(texts))
+
+    @property
+    def oos_index(self) -> int | None:
+        return self.labels.index(OOS_LABEL) if OOS_LABEL in self.labels else None
+
+
+def fit_temperature(logits: torch.Tensor, gold: torch.Tensor) -> float:
+    """Temperature that minimises the NLL of the calibration partition (LBFGS on log T)."""
+    log_t = torch.zeros(1, requires_grad=True, dtype=torch.float64)
+    x, y = logits.double(), gold
+    opt = torch.optim.LBFGS([log_t], lr=0.1, max_iter=200, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(x / log_t.exp(), y)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return float(log_t.detach().exp().clamp(0.05, 20.0))
+
+
+def probabilities(logits: torch.Tensor, temperature: float = 1.0) -> np.ndarray:
+    return torch.softmax(logits.double() / temperature, dim=-1).numpy()
+
+
+def confidence_margin(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    top2 = np.sort(probs, axis=1)[:, -2:]
+    return probs.argmax(1), top2[:, 1], top2[:, 1] - top2[:, 0]
+
+
+def act_mask(probs: np.ndarray, policy: Policy, oos_index: int | None) -> np.ndarray:
+    pred, conf, margin = confidence_margin(probs)
+    act = (conf >= policy.threshold) & (margin >= policy.margin)
+    if oos_index is not None:
+        act &= pred != oos_index
+    return act
+
+
+def fit_policy(
+    cal_probs: np.ndarray,
+    cal_gold: np.ndarray,
+    oos_probs: np.ndarray,
+    oos_index: int | None,
+    wrong_max: float,
+    fp_max: float,
+) -> dict[str, Any]:
+    """The (threshold, margin) with the most coverage on the calibration partition whose
+    wrong-action rate there and false-positive action rate on the out-of-scope queries meet
+    the gate's limits. Ties go to the stricter policy."""
+    pred, conf, margin = confidence_margin(cal_probs)
+    correct = pred == cal_gold
+    _, oconf, omargin = confidence_margin(oos_probs) if len(oos_probs) else (None, np.zeros(0), np.zeros(0))
+    opred = oos_probs.argmax(1) if len(oos_probs) else np.zeros(0, dtype=int)
+    in_ok = np.ones_like(correct) if oos_index is None else pred != oos_index
+    out_ok = np.ones(len(oconf), bool) if oos_index is None else opred != oos_index
+    thresholds = np.unique(np.concatenate([np.round(np.linspace(0, 1, 201), 4), conf, oconf]))
+    best = None
+    for m in np.round(np.linspace(0.0, 0.5, 26), 4):
+        for t in thresholds:
+            act = (conf >= t) & (margin >= m) & in_ok
+            n_act = int(act.sum())
+            wrong = float((act & ~correct).sum() / n_act) if n_act else 0.0
+            fp = float(((oconf >= t) & (omargin >= m) & out_ok).mean()) if len(oconf) else 0.0
+            if wrong <= wrong_max and fp <= fp_max:
+                cov = n_act / len(conf)
+                if best is None or cov > best["coverage"] + 1e-12:
+                    best = {
+                        "threshold": float(t),
+                        "margin": float(m),
+                        "coverage": cov,
+                        "wrong_action_rate": wrong,
+                        "false_positive_action_rate": fp,
+                    }
+                break  # higher thresholds at this margin only lose coverage
+    if best is None:
+        best = {
+            "threshold": 1.01,
+            "margin": 1.0,
+            "coverage": 0.0,
+            "wrong_action_rate": 0.0,
+            "false_positive_action_rate": 0.0,
+            "note": "no policy meets the limits: nothing is acted on",
+        }
+    return best
+
+
+def ece(probs: np.ndarray, gold: np.ndarray, bins: int = N_BINS) -> tuple[float, list[dict]]:
+    """Expected calibration error with equal-width confidence bins, and the diagram data."""
+    pred, conf, _ = confidence_margin(probs)
+    correct = pred == gold
+    edges = np.linspace(0, 1, bins + 1)
+    idx = np.clip(np.digitize(conf, edges[1:-1], right=True), 0, bins - 1)
+    total, rows = 0.0, []
+    for b in range(bins):
+        m = idx == b
+        if m.any():
+            gap = abs(conf[m].mean() - correct[m].mean())
+            total += m.mean() * gap
+            rows.append(
+                {
+                    "bin": b,
+                    "lower": float(edges[b]),
+                    "upper": float(edges[b + 1]),
+                    "confidence": float(conf[m].mean()),
+                    "accuracy": float(correct[m].mean()),
+                    "count": int(m.sum()),
+                }
+            )
+    return float(total), rows
+
+
+def prediction(
+    probs_row: np.ndarray, labels: list[str], policy: Policy, oos_index: int | None
+) -> dict[str, Any]:
+    """DESIGN's Prediction object (without model version and latency, added by callers)."""
+    order = np.argsort(-probs_row)
+    top = [{"intent": labels[i], "probability": round(float(probs_row[i]), 6)} for i in order[:3]]
+    conf = float(probs_row[order[0]])
+    margin = conf - float(probs_row[order[1]]) if len(order) > 1 else conf
+    reasons = []
+    if oos_index is not None and order[0] == oos_index:
+        reasons.append("out_of_scope")
+    if conf < policy.threshold:
+        reasons.append("low_confidence")
+    if margin < policy.margin:
+        reasons.append("small_margin")
+    return {
+        "intent": labels[order[0]],
+        "probability": round(conf, 6),
+        "alternatives": top,
+        "route": "review" if reasons else "act",
+        "reasons": reasons,
+    }

@@ -1,0 +1,141 @@
+"""`reprogate promote`: the only way production changes, as a git commit a reviewer can read.
+
+Refuses unless metrics/gate.json chose a candidate, the workspace has no uncommitted change,
+and `dvc status` shows every output up to date (so the gate's evidence belongs to this
+commit). Then writes models/production.json, commits it with every gate rule and value in
+the message, and adds an annotated tag in GTO's format `<artifact>#prod#<n>`.
+`git log -- models/production.json` is the promotion history; reverting a promotion commit
+is a rollback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from reprogate.errors import UserError
+from reprogate.specs import load_spec, spec_hash
+from reprogate.stages.gate import PRODUCTION
+
+STAGE = "prod"
+
+
+def _git(root: Path, *args: str, check: bool = True) -> str:
+    proc = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise UserError(f"git {' '.join(args)} failed: {proc.stderr.strip()}")
+    return proc.stdout.strip()
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _dvc_status(root: Path) -> dict:
+    dvc = Path(sys.executable).with_name("dvc")
+    proc = subprocess.run(
+        [str(dvc) if dvc.exists() else "dvc", "status", "--json"], cwd=root, capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise UserError(f"`dvc status` failed in {root}: {proc.stderr.strip()}")
+    return json.loads(proc.stdout or "{}")
+
+
+def plan(root: Path) -> dict[str, Any]:
+    """Everything promote would write, after every refusal check."""
+    gate_path = root / "metrics" / "gate.json"
+    if not gate_path.is_file():
+        raise UserError(f"{gate_path} does not exist: run `dvc repro` (the gate stage) first.")
+    gate = json.loads(gate_path.read_text())
+    if not gate["passed"]:
+        raise UserError(
+            "promotion refused: the gate did not pass for this workspace: "
+            + "; ".join(gate["reasons"])
+            + ". Production stays as it is."
+        )
+    dirty = _git(root, "status", "--porcelain")
+    if dirty:
+        raise UserError(
+            "promotion refused: the workspace has uncommitted changes; commit them (with dvc.lock and "
+            f"metrics) so the promotion points at a reproducible commit:\n{dirty}"
+        )
+    stale = _dvc_status(root)
+    if stale:
+        raise UserError(
+            f"promotion refused: `dvc status` shows stages out of date ({', '.join(sorted(stale))}); "
+            "run `dvc repro`, commit, and promote again."
+        )
+    name = gate["chosen"]
+    cand = gate["candidates"][name]
+    model_dir = root / "models" / name
+    config = json.loads((model_dir / "config.json").read_text())
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    data_metrics = json.loads((root / "metrics" / "data.json").read_text())
+    evaluation = json.loads((root / "metrics" / name / "eval.json").read_text())
+    record = {
+        "model": name,
+        "model_version": cand["model_version"],
+        "artifacts": {str(p.relative_to(root)): _sha(p) for p in sorted(model_dir.rglob("*")) if p.is_file()},
+        "data_sha256": data_metrics["sha256"],
+        "spec_hashes": {
+            f"specs/models/{name}.yaml": spec_hash(load_spec(root / "specs" / "models" / f"{name}.yaml")),
+            params["data"]: spec_hash(load_spec(root / params["data"])),
+            params["gate"]: spec_hash(load_spec(root / params["gate"])),
+        },
+        "code_commit": _git(root, "rev-parse", "HEAD"),
+        "heldout_accuracy": cand["heldout_accuracy"],
+        "heldout_accuracy_ci95": evaluation["sets"]["test"]["accuracy_ci95"],
+        "calibration": json.loads((model_dir / "calibration.json").read_text())["policy"]
+        | {"temperature": evaluation["temperature"]},
+        "family": config["family"],
+        "gate": {
+            r["rule"]: {k: r[k] for k in ("value", "op", "threshold", "verdict")} for r in cand["rules"]
+        },
+    }
+    previous = [t for t in _git(root, "tag", "--list", f"{name}#{STAGE}#*").splitlines() if t]
+    n = 1 + max((int(t.rsplit("#", 1)[1]) for t in previous if t.rsplit("#", 1)[1].isdigit()), default=0)
+    lines = [f"promote {name} ({cand['model_version']}) to production", ""]
+    for r in cand["rules"]:
+        value = r["value"] if not isinstance(r["value"], float) else f"{r['value']:.4f}"
+        cond = f"{r['op']} {r['threshold']}" if r["op"] else ""
+        lines.append(
+            f"- {r['rule']}: {value} {cond} -> {r['verdict']}" + (f" ({r['note']})" if r.get("note") else "")
+        )
+    lines += ["", f"gate: {'; '.join(gate['reasons'])}", f"code: {record['code_commit']}"]
+    return {"record": record, "tag": f"{name}#{STAGE}#{n}", "message": "\n".join(lines)}
+
+
+def promote(root: Path, dry_run: bool = False) -> str:
+    p = plan(root)
+    if dry_run:
+        return f"would write {PRODUCTION}, commit and tag {p['tag']}:\n\n{p['message']}\n\n" + json.dumps(
+            p["record"], indent=2, sort_keys=True
+        )
+    path = root / PRODUCTION
+    path.write_text(json.dumps(p["record"], indent=2, sort_keys=True) + "\n")
+    _git(root, "add", str(PRODUCTION))
+    proc = subprocess.run(
+        ["git", "commit", "-q", "-F", "-", "--", str(PRODUCTION)],
+        cwd=root,
+        input=p["message"],
+        text=True,
+        capture_output=True,
+    )
+    if proc.returncode != 0:
+        _git(root, "checkout", "--", str(PRODUCTION), check=False)
+        raise UserError(f"git commit failed, production unchanged: {proc.stderr.strip()}")
+    _git(root, "tag", "-a", p["tag"], "-m", p["message"])
+    commit = _git(root, "rev-parse", "--short", "HEAD")
+    return f"promote: {p['record']['model']} is in production (commit {commit}, tag {p['tag']})"
+
+
+def history(root: Path) -> str:
+    log = _git(root, "log", "--format=%h %ad %s", "--date=short", "--", str(PRODUCTION))
+    tags = _git(root, "tag", "--list", f"*#{STAGE}#*", "--format=%(refname:short) -> %(*objectname:short)")
+    return (log or "(no promotions yet)") + ("\n\ntags:\n" + tags if tags else "")

@@ -1,0 +1,83 @@
+"""Stage `calibrate@m`: temperature scaling and the routing policy, on calibration data only.
+
+The temperature minimises the negative log-likelihood of the calibration partition (carved
+out of train by `prepare`, never seen in training). The routing policy, a confidence
+threshold and a top-1/top-2 margin, is the one with the most coverage on the calibration
+partition whose wrong-action rate there and false-positive action rate on the data spec's
+out-of-scope sets marked `use: calibrate` (CLINC150 oos_val) meet the gate's limits.
+The test set and the evaluation-only sets are never read here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from reprogate.inference import Scorer, ece, fit_policy, fit_temperature, probabilities
+from reprogate.specs import DataSpec, GateSpec, load_spec
+from reprogate.trainer import read_jsonl
+
+PREPARED = Path("data/prepared")
+
+
+def gold_indices(rows: list[dict], labels: list[str]) -> np.ndarray:
+    index = {lbl: i for i, lbl in enumerate(labels)}
+    return np.array([index[r["label"]] for r in rows])
+
+
+def run(root: Path, name: str, gate_path: Path) -> dict[str, Any]:
+    scorer = Scorer(root, name)
+    data = load_spec(root / scorer.spec.data, DataSpec)
+    gate = load_spec(gate_path, GateSpec)
+    gold = gold_indices(read_jsonl(root / PREPARED / "calibration.jsonl"), scorer.labels)
+    logits = scorer.split_logits("calibration")
+    temperature = fit_temperature(logits, torch.from_numpy(gold))
+    before, after = probabilities(logits), probabilities(logits, temperature)
+    oos_sets = [n for n, e in data.eval_sets.items() if e.kind == "out_of_scope" and e.use == "calibrate"]
+    oos = [probabilities(scorer.split_logits(n), temperature) for n in oos_sets]
+    oos_probs = np.concatenate(oos) if oos else np.zeros((0, len(scorer.labels)))
+    limits = gate.thresholds
+    policy = fit_policy(
+        after,
+        gold,
+        oos_probs,
+        scorer.oos_index,
+        limits.wrong_action_rate_max,
+        limits.false_positive_action_rate_max,
+    )
+    nll = lambda p: float(-np.log(np.clip(p[np.arange(len(gold)), gold], 1e-12, None)).mean())  # noqa: E731
+    result = {
+        "temperature": temperature,
+        "policy": {"threshold": policy["threshold"], "margin": policy["margin"]},
+        "fitted_on": {
+            "calibration_rows": len(gold),
+            "out_of_scope_sets": oos_sets,
+            "out_of_scope_rows": len(oos_probs),
+        },
+        "limits": {
+            "wrong_action_rate_max": limits.wrong_action_rate_max,
+            "false_positive_action_rate_max": limits.false_positive_action_rate_max,
+        },
+        "on_calibration_data": {
+            "nll_before": nll(before),
+            "nll_after": nll(after),
+            "ece_before": ece(before, gold)[0],
+            "ece_after": ece(after, gold)[0],
+            **{k: v for k, v in policy.items() if k not in ("threshold", "margin")},
+        },
+    }
+    (scorer.dir / "calibration.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    return result
+
+
+def summary(name: str, r: dict[str, Any]) -> str:
+    c = r["on_calibration_data"]
+    return (
+        f"calibrate: {name}: temperature {r['temperature']:.3f}, ECE {c['ece_before']:.4f} -> "
+        f"{c['ece_after']:.4f}; act when p >= {r['policy']['threshold']:.3f} and margin >= "
+        f"{r['policy']['margin']:.2f} (coverage {c['coverage']:.3f} on calibration data)"
+    )

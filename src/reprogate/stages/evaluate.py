@@ -1,0 +1,181 @@
+"""Stage `evaluate@m`: predictions and metrics on every evaluation set of the data spec.
+
+Sets: validation, the held-out test, and every eval set marked `use: evaluate` (CLINC150
+oos_test, real utterances). Writes predictions/<m>/<set>.jsonl (one Prediction per item,
+with id, text and gold), metrics/<m>/eval.json, metrics/<m>/per_intent.json and plot data
+under plots/<m>/ (confusion matrix, reliability diagram, coverage-accuracy curve).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from reprogate.inference import Policy, Scorer, act_mask, confidence_margin, ece, prediction, probabilities
+from reprogate.specs import DataSpec, load_spec
+from reprogate.trainer import read_jsonl
+
+PREPARED = Path("data/prepared")
+BOOTSTRAP = 1000
+
+
+def per_class(
+    gold: np.ndarray, pred: np.ndarray, n: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    tp = np.bincount(gold[gold == pred], minlength=n).astype(float)
+    support = np.bincount(gold, minlength=n).astype(float)
+    predicted = np.bincount(pred, minlength=n).astype(float)
+    precision = np.divide(tp, predicted, out=np.zeros(n), where=predicted > 0)
+    recall = np.divide(tp, support, out=np.zeros(n), where=support > 0)
+    f1 = np.divide(2 * precision * recall, precision + recall, out=np.zeros(n), where=precision + recall > 0)
+    return precision, recall, f1, support
+
+
+def macro_f1(gold: np.ndarray, pred: np.ndarray, n: int) -> float:
+    _, _, f1, support = per_class(gold, pred, n)
+    return float(f1[support > 0].mean())
+
+
+def bootstrap_ci(gold: np.ndarray, pred: np.ndarray, n: int, seed: int = 0) -> dict[str, list[float]]:
+    """95% percentile intervals of accuracy and macro-F1 over resampled items."""
+    rng = np.random.default_rng(seed)
+    acc, f1 = [], []
+    for _ in range(BOOTSTRAP):
+        i = rng.integers(0, len(gold), len(gold))
+        acc.append(float((gold[i] == pred[i]).mean()))
+        f1.append(macro_f1(gold[i], pred[i], n))
+    q = lambda xs: [float(np.percentile(xs, 2.5)), float(np.percentile(xs, 97.5))]  # noqa: E731
+    return {"accuracy_ci95": q(acc), "macro_f1_ci95": q(f1)}
+
+
+def eval_sets(data: DataSpec) -> dict[str, str]:
+    sets = {"validation": "labelled", "test": "labelled"}
+    sets.update({n: e.kind for n, e in data.eval_sets.items() if e.use == "evaluate"})
+    return sets
+
+
+def run(root: Path, name: str) -> dict[str, Any]:
+    scorer = Scorer(root, name)
+    calibration = json.loads((scorer.dir / "calibration.json").read_text())
+    policy = Policy.load(scorer.dir / "calibration.json")
+    data = load_spec(root / scorer.spec.data, DataSpec)
+    labels, oos = scorer.labels, scorer.oos_index
+    n_labels = len(data.labels)
+    index = {lbl: i for i, lbl in enumerate(labels)}
+    version = f"{name}@{scorer.fingerprint['spec_hash'][:12]}"
+
+    pred_dir = root / "predictions" / name
+    if pred_dir.exists():
+        shutil.rmtree(pred_dir)
+    pred_dir.mkdir(parents=True)
+    plots = root / "plots" / name
+    plots.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {}
+    per_intent: dict[str, Any] = {}
+    for split, kind in eval_sets(data).items():
+        rows = read_jsonl(root / PREPARED / f"{split}.jsonl")
+        logits = scorer.split_logits(split)
+        raw, cal = probabilities(logits), probabilities(logits, policy.temperature)
+        act = act_mask(cal, policy, oos)
+        with open(pred_dir / f"{split}.jsonl", "w", encoding="utf-8") as f:
+            for r, p in zip(rows, cal, strict=True):
+                obj = {
+                    "id": r["id"],
+                    "text": r["text"],
+                    "gold": r["label"],
+                    **prediction(p, labels, policy, oos),
+                    "model_version": version,
+                }
+                f.write(json.dumps(obj, ensure_ascii=False) + "\n")
+        if kind == "out_of_scope":
+            results[split] = {
+                "kind": kind,
+                "n": len(rows),
+                "false_positive_action_rate": float(act.mean()),
+                "coverage": float(act.mean()),
+            }
+            continue
+        gold = np.array([index[r["label"]] for r in rows])
+        pred = cal.argmax(1)
+        correct = pred == gold
+        ece_before, bins_before = ece(raw, gold)
+        ece_after, bins_after = ece(cal, gold)
+        n_act = int(act.sum())
+        results[split] = {
+            "kind": kind,
+            "n": len(rows),
+            "accuracy": float(correct.mean()),
+            "macro_f1": macro_f1(gold, pred, n_labels),
+            **bootstrap_ci(gold, pred, n_labels),
+            "ece_before": ece_before,
+            "ece_after": ece_after,
+            "nll": float(-np.log(np.clip(cal[np.arange(len(gold)), gold], 1e-12, None)).mean()),
+            "coverage": n_act / len(rows),
+            "acted_accuracy": float(correct[act].mean()) if n_act else None,
+            "wrong_action_rate": float((act & ~correct).sum() / n_act) if n_act else 0.0,
+        }
+        p, r_, f1, support = per_class(gold, pred, len(labels))
+        per_intent[split] = {
+            labels[i]: {
+                "precision": float(p[i]),
+                "recall": float(r_[i]),
+                "f1": float(f1[i]),
+                "support": int(support[i]),
+            }
+            for i in range(n_labels)
+        }
+        if split == "test":
+            _plots(plots, labels, gold, pred, cal, bins_before, bins_after)
+    metrics = {
+        "heldout": "test",
+        "model_version": version,
+        "temperature": policy.temperature,
+        "policy": calibration["policy"],
+        "sets": results,
+    }
+    out = root / "metrics" / name
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "eval.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    (out / "per_intent.json").write_text(json.dumps(per_intent, indent=1, sort_keys=True) + "\n")
+    return metrics
+
+
+def _plots(plots: Path, labels, gold, pred, cal, bins_before, bins_after) -> None:
+    confusion = [{"actual": labels[g], "predicted": labels[p]} for g, p in zip(gold, pred, strict=True)]
+    (plots / "confusion.json").write_text(json.dumps(confusion, ensure_ascii=False) + "\n")
+    reliability = [dict(b, calibration="before") for b in bins_before] + [
+        dict(b, calibration="after") for b in bins_after
+    ]
+    (plots / "reliability.json").write_text(json.dumps(reliability) + "\n")
+    _, conf, _ = confidence_margin(cal)
+    correct = pred == gold
+    curve = []
+    for t in np.linspace(0, 1, 51):
+        act = conf >= t
+        if act.any():
+            curve.append(
+                {
+                    "threshold": round(float(t), 3),
+                    "coverage": float(act.mean()),
+                    "accuracy": float(correct[act].mean()),
+                }
+            )
+    (plots / "coverage.json").write_text(json.dumps(curve) + "\n")
+
+
+def summary(name: str, m: dict[str, Any]) -> str:
+    t = m["sets"]["test"]
+    oos = [
+        f"{n} FP-action {s['false_positive_action_rate']:.3f}"
+        for n, s in m["sets"].items()
+        if s["kind"] == "out_of_scope"
+    ]
+    return (
+        f"evaluate: {name}: test accuracy {t['accuracy']:.4f} [{t['accuracy_ci95'][0]:.4f}, "
+        f"{t['accuracy_ci95'][1]:.4f}], ECE {t['ece_before']:.4f} -> {t['ece_after']:.4f}, coverage "
+        f"{t['coverage']:.3f}, wrong-action {t['wrong_action_rate']:.4f}; " + ", ".join(oos)
+    )

@@ -1,0 +1,161 @@
+"""Stage `gate`: every candidate against specs/gate.yaml and the production model.
+
+Reads metrics/<m>/eval.json and metrics/<m>/resume.json of every model in params.yaml and
+models/production.json, and writes metrics/gate.json: per candidate, per rule, the value,
+the threshold and the verdict; then the chosen candidate (the best held-out accuracy among
+those passing every rule) or none, with reasons. A failed gate is a recorded decision: the
+stage succeeds and promotion refuses.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from reprogate.specs import GateSpec, load_spec
+
+PRODUCTION = Path("models/production.json")
+
+
+def _rule(name: str, value: Any, op: str, threshold: Any, note: str = "") -> dict[str, Any]:
+    if value is None:
+        verdict = "fail"
+        note = note or "metric missing"
+    elif op == ">=":
+        verdict = "pass" if value >= threshold else "fail"
+    elif op == "<=":
+        verdict = "pass" if value <= threshold else "fail"
+    else:  # "==" on booleans
+        verdict = "pass" if value == threshold else "fail"
+    out = {"rule": name, "value": value, "op": op, "threshold": threshold, "verdict": verdict}
+    return dict(out, note=note) if note else out
+
+
+def _na(name: str, note: str) -> dict[str, Any]:
+    return {"rule": name, "value": None, "op": None, "threshold": None, "verdict": "n/a", "note": note}
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def production(root: Path) -> dict[str, Any] | None:
+    prod = _read(root / PRODUCTION)
+    return prod if prod and prod.get("model") else None
+
+
+def judge(name: str, ev: dict | None, resume: dict | None, gate: GateSpec, prod: dict | None) -> list[dict]:
+    t = gate.thresholds
+    sets = (ev or {}).get("sets", {})
+    test = sets.get("test", {})
+    rules = [
+        _rule("heldout_accuracy", test.get("accuracy"), ">=", t.heldout_accuracy_min),
+        _rule("ece", test.get("ece_after"), "<=", t.ece_max, "after calibration, 15 equal-width bins"),
+        _rule("wrong_action_rate", test.get("wrong_action_rate"), "<=", t.wrong_action_rate_max),
+    ]
+    real = {n: s for n, s in sets.items() if s["kind"] == "labelled" and n not in ("test", "validation")}
+    if real:
+        worst = min(real, key=lambda n: real[n]["accuracy"])
+        rules.append(
+            _rule(
+                "real_utterance_accuracy",
+                real[worst]["accuracy"],
+                ">=",
+                t.real_utterance_accuracy_min,
+                f"lowest of {sorted(real)}: {worst}",
+            )
+        )
+    else:
+        rules.append(_na("real_utterance_accuracy", "the data spec declares no real-utterance set"))
+    oos = {n: s for n, s in sets.items() if s["kind"] == "out_of_scope"}
+    if oos:
+        worst = max(oos, key=lambda n: oos[n]["false_positive_action_rate"])
+        rules.append(
+            _rule(
+                "false_positive_action_rate",
+                oos[worst]["false_positive_action_rate"],
+                "<=",
+                t.false_positive_action_rate_max,
+                f"highest of {sorted(oos)}: {worst}",
+            )
+        )
+    else:
+        rules.append(
+            _rule(
+                "false_positive_action_rate",
+                None,
+                "<=",
+                t.false_positive_action_rate_max,
+                "the data spec declares no out-of-scope evaluation set",
+            )
+        )
+    if t.require_resume_equivalence:
+        rules.append(
+            _rule(
+                "resume_equivalence",
+                (resume or {}).get("passed"),
+                "==",
+                True,
+                "" if resume else "metrics/<m>/resume.json missing",
+            )
+        )
+    c = gate.compare_to_production
+    if not c.enabled:
+        rules.append(_na("not_worse_than_production", "disabled in the gate spec"))
+    elif prod is None:
+        rules.append(_na("not_worse_than_production", "no model in production yet"))
+    else:
+        hi = test.get("accuracy_ci95", [None, None])[1]
+        rules.append(
+            _rule(
+                "not_worse_than_production",
+                hi,
+                ">=",
+                prod["heldout_accuracy"],
+                f"upper end of the candidate's 95% bootstrap interval vs production "
+                f"{prod['model']} ({prod['model_version']})",
+            )
+        )
+    return rules
+
+
+def run(root: Path, models: list[str], gate_path: Path) -> dict[str, Any]:
+    gate = load_spec(gate_path, GateSpec)
+    prod = production(root)
+    candidates = {}
+    for name in models:
+        ev = _read(root / "metrics" / name / "eval.json")
+        rules = judge(name, ev, _read(root / "metrics" / name / "resume.json"), gate, prod)
+        candidates[name] = {
+            "passed": all(r["verdict"] != "fail" for r in rules),
+            "heldout_accuracy": (ev or {}).get("sets", {}).get("test", {}).get("accuracy"),
+            "model_version": (ev or {}).get("model_version"),
+            "rules": rules,
+        }
+    passing = sorted(
+        (n for n, c in candidates.items() if c["passed"]), key=lambda n: -candidates[n]["heldout_accuracy"]
+    )
+    reasons = []
+    for n, c in candidates.items():
+        failed = [r["rule"] for r in c["rules"] if r["verdict"] == "fail"]
+        reasons.append(f"{n}: " + ("passed every rule" if not failed else f"failed {', '.join(failed)}"))
+    if passing and len(passing) > 1:
+        reasons.append(f"{passing[0]} has the best held-out accuracy among passing candidates")
+    result = {
+        "passed": bool(passing),
+        "chosen": passing[0] if passing else None,
+        "reasons": reasons,
+        "production": {k: prod[k] for k in ("model", "model_version", "heldout_accuracy")} if prod else None,
+        "gate_spec": str(gate_path.relative_to(root)) if gate_path.is_relative_to(root) else str(gate_path),
+        "candidates": candidates,
+    }
+    (root / "metrics").mkdir(exist_ok=True)
+    (root / "metrics" / "gate.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    return result
+
+
+def summary(r: dict[str, Any]) -> str:
+    if r["passed"]:
+        return f"gate: PASSED: {r['chosen']} may be promoted ({'; '.join(r['reasons'])})"
+    return f"gate: no candidate passed ({'; '.join(r['reasons'])}); production stays as it is"
