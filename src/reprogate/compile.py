@@ -163,11 +163,9 @@ def calibrate_stage(p: Pipeline) -> dict[str, Any]:
                 *MODEL_FILES,
                 *_src(*SCORING, "models/${item.family}.py", "stages/calibrate.py"),
             ],
-            # The routing policy is fitted to the gate's two action limits, nothing else of it.
-            "params": [
-                {p.gate: ["thresholds.wrong_action_rate_max", "thresholds.false_positive_action_rate_max"]},
-                {p.data: ["eval_sets"]},
-            ],
+            # The routing policy is fitted to the gate's action limits and the data's OOS sets.
+            # Whole files: a spec may leave those keys to their defaults.
+            "params": [{p.gate: None}, {p.data: None}],
             "outs": ["models/${key}/calibration.json"],
         },
     )
@@ -185,7 +183,7 @@ def evaluate_stage(p: Pipeline) -> dict[str, Any]:
                 "models/${key}/calibration.json",
                 *_src(*SCORING, "models/${item.family}.py", "stages/evaluate.py"),
             ],
-            "params": [{p.data: ["eval_sets"]}],
+            "params": [{p.data: None}],
             "outs": ["predictions/${key}"],
             "metrics": [
                 {"metrics/${key}/eval.json": {"cache": False}},
