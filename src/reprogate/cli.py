@@ -73,6 +73,11 @@ def _stage(args: argparse.Namespace) -> int:
             raise UserError("stage features needs a model name, e.g. `reprogate stage features ngram`.")
         print(features.run(root, args.model))
         return 0
+    if args.name == "combine":
+        from reprogate.stages import combine
+
+        print(combine.summary(_need_model(args), combine.run(root, args.model)))
+        return 0
     if args.name == "calibrate":
         from reprogate.compile import load_pipeline
         from reprogate.stages import calibrate
@@ -240,7 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("stage", help="run one pipeline stage (what dvc repro calls)")
     st.add_argument(
-        "name", choices=["prepare", "features", "train", "calibrate", "evaluate", "resume_check", "gate"]
+        "name",
+        choices=["prepare", "features", "train", "combine", "calibrate", "evaluate", "resume_check", "gate"],
     )
     st.add_argument("model", nargs="?", help="model spec name (specs/models/NAME.yaml)")
     st.add_argument("--spec", help="spec file (default: params.yaml 'data' / specs/models/NAME.yaml)")

@@ -58,6 +58,13 @@ def load_pipeline(root: Path) -> Pipeline:
                 f"pipeline on '{params['data']}'; make them the same."
             )
         models[n] = m
+    for n, m in models.items():
+        missing = [x for x in (m.ensemble.members if m.ensemble else []) if x not in models]
+        if missing:
+            raise UserError(
+                f"specs/models/{n}.yaml: ensemble.members {missing} are not in params.yaml 'models'; add "
+                "them (each member is trained, checked and gated as a candidate of its own)."
+            )
     return Pipeline(root, params["data"], models, params["gate"])
 
 
@@ -86,10 +93,24 @@ ENGINE = (
 )
 
 
-def _foreach(p: Pipeline, do: dict[str, Any]) -> dict[str, Any]:
+def _foreach(p: Pipeline, do: dict[str, Any], which: str = "all") -> dict[str, Any] | None:
     """One DVC stage per model spec listed in params.yaml; ${item.family} picks its module
-    and its spec section (`ngram` or `encoder`)."""
-    return {"foreach": {n: {"family": m.family} for n, m in p.models.items()}, "do": do}
+    and its spec section. `which`: all models, only `trained` ones, or only `ensembles`."""
+    items = {
+        n: {"family": m.family}
+        for n, m in p.models.items()
+        if which == "all" or (which == "ensembles") == (m.family == "ensemble")
+    }
+    if which == "ensembles":
+        for n, item in items.items():
+            members = p.models[n].ensemble.members
+            # DVC templates take scalars only: four member slots, the last member repeated.
+            for i in range(MAX_MEMBERS):
+                item[f"m{i + 1}"] = members[min(i, len(members) - 1)]
+    return {"foreach": items, "do": do} if items else None
+
+
+MAX_MEMBERS = 4
 
 
 def features_stage(p: Pipeline) -> dict[str, Any]:
@@ -105,6 +126,7 @@ def features_stage(p: Pipeline) -> dict[str, Any]:
             "params": [{"specs/models/${key}.yaml": ["family", "data", "${item.family}"]}],
             "outs": ["data/features/${key}"],
         },
+        "trained",
     )
 
 
@@ -122,6 +144,30 @@ def train_stage(p: Pipeline) -> dict[str, Any]:
             "metrics": [{"metrics/${key}/train.json": {"cache": False}}],
             "plots": [{"plots/${key}/train.tsv": {"x": "step", "y": "loss", "cache": False}}],
         },
+        "trained",
+    )
+
+
+def combine_stage(p: Pipeline) -> dict[str, Any] | None:
+    members = [
+        f"models/${{item.m{i + 1}}}/{f}"
+        for i in range(MAX_MEMBERS)
+        for f in ("model.safetensors", "calibration.json")
+    ]
+    return _foreach(
+        p,
+        {
+            "cmd": "reprogate stage combine ${key}",
+            "deps": [
+                "data/prepared",
+                *members,
+                *_src(*SCORING, "models/ensemble.py", "stages/calibrate.py", "stages/combine.py"),
+            ],
+            "params": [{"specs/models/${key}.yaml": None}],
+            "outs": ["data/features/${key}", *MODEL_FILES],
+            "metrics": [{"metrics/${key}/train.json": {"cache": False}}],
+        },
+        "ensembles",
     )
 
 
@@ -138,6 +184,7 @@ def resume_check_stage(p: Pipeline) -> dict[str, Any]:
             "params": [{"specs/models/${key}.yaml": None}],
             "metrics": [{"metrics/${key}/resume.json": {"cache": False}}],
         },
+        "trained",
     )
 
 
@@ -206,7 +253,8 @@ def evaluate_stage(p: Pipeline) -> dict[str, Any]:
 
 
 def gate_stage(p: Pipeline) -> dict[str, Any]:
-    evidence = [f"metrics/{m}/{f}.json" for m in p.models for f in ("eval", "resume")]
+    evidence = [f"metrics/{m}/eval.json" for m in p.models]
+    evidence += [f"metrics/{m}/resume.json" for m, spec in p.models.items() if spec.family != "ensemble"]
     return {
         "cmd": "reprogate stage gate",
         "deps": [*evidence, "models/production.json", *_src("stages/gate.py")],
@@ -219,6 +267,7 @@ STAGES = {
     "prepare": prepare_stage,
     "features": features_stage,
     "train": train_stage,
+    "combine": combine_stage,
     "calibrate": calibrate_stage,
     "evaluate": evaluate_stage,
     "resume_check": resume_check_stage,
@@ -228,7 +277,7 @@ STAGES = {
 
 def render(root: Path) -> str:
     p = load_pipeline(root)
-    stages = {name: build(p) for name, build in STAGES.items()}
+    stages = {name: stage for name, build in STAGES.items() if (stage := build(p)) is not None}
     body = yaml.safe_dump({"stages": stages}, sort_keys=False, default_flow_style=False, width=100)
     # DVC treats `params: [{file: null}]` as "track every key of this file".
     return HEADER + body.replace(": null", ":")
@@ -246,4 +295,4 @@ def compile_dvc(root: Path, check: bool) -> str:
             )
         return f"compile: {target} is up to date"
     target.write_text(text)
-    return f"compile: wrote {target} ({len(STAGES)} stage(s))"
+    return f"compile: wrote {target} ({len(yaml.safe_load(text)['stages'])} stage groups)"

@@ -339,13 +339,30 @@ class ResumeCheckConfig(Strict):
         return self
 
 
+class EnsembleConfig(Strict):
+    members: list[str] = Field(
+        min_length=2,
+        max_length=4,
+        description="Names of model specs (specs/models/NAME.yaml) whose calibrated log-probabilities "
+        "are combined; each must also be listed in params.yaml.",
+    )
+
+    @field_validator("members")
+    @classmethod
+    def _distinct(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"members must be distinct, got {v}")
+        return v
+
+
 class ModelSpec(Strict):
     kind: Literal["model"]
     description: str = ""
     data: str = Field(description="Path of the data spec, relative to the project root.")
-    family: Literal["ngram", "encoder"]
+    family: Literal["ngram", "encoder", "ensemble"]
     ngram: NgramConfig | None = None
     encoder: EncoderConfig | None = None
+    ensemble: EnsembleConfig | None = None
     head: HeadConfig = HeadConfig()
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
@@ -365,6 +382,10 @@ class ModelSpec(Strict):
 
     @model_validator(mode="after")
     def _rules(self, info: ValidationInfo) -> ModelSpec:
+        if self.family == "ensemble":
+            return self._ensemble_rules(info)
+        if self.ensemble is not None:
+            raise ValueError(f"family is '{self.family}' but an 'ensemble' section is given; remove it")
         if (self.steps is None) == (self.epochs is None):
             raise ValueError(
                 "give exactly one of steps (optimizer updates) or epochs; "
@@ -410,6 +431,35 @@ class ModelSpec(Strict):
                     f"head.out_of_scope_class is true but the data spec {self.data} declares no "
                     "negatives; add a 'negatives' table there or set it to false"
                 )
+        return self
+
+    def _ensemble_rules(self, info: ValidationInfo) -> ModelSpec:
+        if self.ensemble is None:
+            raise ValueError("family 'ensemble' needs an 'ensemble' section with 'members'")
+        for other in ("ngram", "encoder"):
+            if getattr(self, other) is not None:
+                raise ValueError(f"family is 'ensemble' but an '{other}' section is given; remove it")
+        root = _root(info)
+        if root is None:
+            return self
+        oos = set()
+        for m in self.ensemble.members:
+            path = root / "specs" / "models" / f"{m}.yaml"
+            if not path.is_file():
+                raise ValueError(f"ensemble.members names '{m}', but {path} does not exist")
+            member = load_spec(path, ModelSpec)
+            if member.family == "ensemble":
+                raise ValueError(f"ensemble.members: '{m}' is itself an ensemble; list its members instead")
+            if member.data != self.data:
+                raise ValueError(
+                    f"ensemble.members: '{m}' uses data '{member.data}' but this ensemble uses '{self.data}'"
+                )
+            oos.add(member.head.out_of_scope_class)
+        if len(oos) > 1:
+            raise ValueError(
+                "ensemble.members disagree on head.out_of_scope_class, so their outputs differ; "
+                "make it the same for every member"
+            )
         return self
 
 

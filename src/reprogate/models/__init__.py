@@ -22,6 +22,10 @@ def build(spec: ModelSpec, n_out: int, root: Path):
         from reprogate.models import ngram
 
         return ngram.build(spec, n_out, root)
+    if spec.family == "ensemble":
+        from reprogate.models import ensemble
+
+        return ensemble.build(spec, n_out, root)
     from reprogate.models import encoder
 
     return encoder.build(spec, n_out, root)

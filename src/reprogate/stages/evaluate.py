@@ -26,9 +26,10 @@ BOOTSTRAP = 1000
 def per_class(
     gold: np.ndarray, pred: np.ndarray, n: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    tp = np.bincount(gold[gold == pred], minlength=n).astype(float)
-    support = np.bincount(gold, minlength=n).astype(float)
-    predicted = np.bincount(pred, minlength=n).astype(float)
+    # Classes >= n (the out-of-scope class) count as wrong predictions for every intent.
+    tp = np.bincount(gold[gold == pred], minlength=n)[:n].astype(float)
+    support = np.bincount(gold, minlength=n)[:n].astype(float)
+    predicted = np.bincount(pred, minlength=n)[:n].astype(float)
     precision = np.divide(tp, predicted, out=np.zeros(n), where=predicted > 0)
     recall = np.divide(tp, support, out=np.zeros(n), where=support > 0)
     f1 = np.divide(2 * precision * recall, precision + recall, out=np.zeros(n), where=precision + recall > 0)

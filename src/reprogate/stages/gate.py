@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from reprogate.specs import GateSpec, load_spec
+from reprogate.specs import GateSpec, ModelSpec, load_spec
 
 PRODUCTION = Path("models/production.json")
 
@@ -120,13 +120,23 @@ def judge(name: str, ev: dict | None, resume: dict | None, gate: GateSpec, prod:
     return rules
 
 
+def resume_evidence(root: Path, name: str) -> dict[str, Any] | None:
+    """resume.json of a trained model; for an ensemble, every member's must have passed."""
+    spec_path = root / "specs" / "models" / f"{name}.yaml"
+    spec = load_spec(spec_path, ModelSpec) if spec_path.is_file() else None
+    if spec is None or spec.family != "ensemble":
+        return _read(root / "metrics" / name / "resume.json")
+    members = {m: _read(root / "metrics" / m / "resume.json") for m in spec.ensemble.members}
+    return {"passed": all(r is not None and r.get("passed") for r in members.values()), "members": members}
+
+
 def run(root: Path, models: list[str], gate_path: Path) -> dict[str, Any]:
     gate = load_spec(gate_path, GateSpec)
     prod = production(root)
     candidates = {}
     for name in models:
         ev = _read(root / "metrics" / name / "eval.json")
-        rules = judge(name, ev, _read(root / "metrics" / name / "resume.json"), gate, prod)
+        rules = judge(name, ev, resume_evidence(root, name), gate, prod)
         candidates[name] = {
             "passed": all(r["verdict"] != "fail" for r in rules),
             "heldout_accuracy": (ev or {}).get("sets", {}).get("test", {}).get("accuracy"),

@@ -1,0 +1,135 @@
+"""Stage `combine@e`: fit an ensemble's member weights on the calibration partition.
+
+Writes the ensemble's features (members' calibrated log-probabilities for every prepared
+split) to data/features/<e>/, and models/<e>/ with the same files as a trained model, so
+calibrate@e, evaluate@e and the gate treat it like any other candidate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from reprogate.errors import UserError
+from reprogate.models import feature_key
+from reprogate.models.ensemble import EnsembleCombiner, EnsembleFeaturizer
+from reprogate.specs import ModelSpec, load_spec, spec_hash
+from reprogate.stages.calibrate import gold_indices
+from reprogate.stages.features import FEATURES, splits
+from reprogate.trainer import read_jsonl
+
+PREPARED = Path("data/prepared")
+
+
+def fit_weights(logp: torch.Tensor, gold: torch.Tensor, k: int) -> EnsembleCombiner:
+    torch.manual_seed(0)
+    model = EnsembleCombiner(k)
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=300, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(logp), gold)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return model
+
+
+def run(root: Path, name: str) -> dict[str, Any]:
+    started = time.perf_counter()
+    spec_path = root / "specs" / "models" / f"{name}.yaml"
+    spec = load_spec(spec_path, ModelSpec)
+    members = spec.ensemble.members
+    labels = [json.loads((root / "models" / m / "labels.json").read_text()) for m in members]
+    if any(lbl != labels[0] for lbl in labels):
+        raise UserError(
+            f"{spec_path}: ensemble.members {members} have different output labels; retrain them "
+            "on the same data spec with the same head.out_of_scope_class."
+        )
+    feat = EnsembleFeaturizer(root, members)
+    out = root / FEATURES / name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out.parent))
+    cached: dict[str, torch.Tensor] = {}
+    try:
+        entries = {}
+        for split in splits(root, spec):
+            cached[split] = feat.split(split)
+            save_file(feat.to_tensors(cached[split]), str(tmp / f"{split}.safetensors"))
+            entries[split] = {
+                "rows": len(cached[split]),
+                "source_sha256": hashlib.sha256(
+                    (root / PREPARED / f"{split}.jsonl").read_bytes()
+                ).hexdigest(),
+            }
+        manifest = {"key": feature_key(feat), "featurizer": feat.key(), "splits": entries}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        tmp.chmod(0o755)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    gold = torch.from_numpy(gold_indices(read_jsonl(root / PREPARED / "calibration.jsonl"), labels[0]))
+    model = fit_weights(cached["calibration"], gold, len(members))
+    with torch.no_grad():
+        nll = float(torch.nn.functional.cross_entropy(model(cached["calibration"]), gold))
+        vgold = gold_indices(read_jsonl(root / PREPARED / "validation.jsonl"), labels[0])
+        val_acc = float((model(cached["validation"]).argmax(-1).numpy() == vgold).mean())
+        member_acc = {
+            m: float((cached["validation"][:, i].argmax(-1).numpy() == vgold).mean())
+            for i, m in enumerate(members)
+        }
+    weights = {m: float(w) for m, w in zip(members, model.weights().detach(), strict=True)}
+
+    model_dir = root / "models" / name
+    model_dir.mkdir(parents=True, exist_ok=True)
+    for f in ("model.safetensors", "config.json", "labels.json", "fingerprint.json", "assets"):
+        p = model_dir / f
+        shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+    (model_dir / "assets").mkdir()
+    (model_dir / "assets" / "members.json").write_text(json.dumps(feat.key(), indent=2) + "\n")
+    save_file(
+        {k: v.detach().contiguous() for k, v in model.state_dict().items()},
+        str(model_dir / "model.safetensors"),
+    )
+    config = {
+        "family": "ensemble",
+        "n_out": len(labels[0]),
+        "featurizer": feat.key(),
+        "spec": spec.model_dump(mode="json"),
+    }
+    (model_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (model_dir / "labels.json").write_text(json.dumps(labels[0], indent=1, ensure_ascii=False) + "\n")
+    fingerprint = {"spec_hash": spec_hash(spec), "members": feat.key()["members"]}
+    (model_dir / "fingerprint.json").write_text(json.dumps(fingerprint, indent=2, sort_keys=True) + "\n")
+    metrics = {
+        "members": members,
+        "weights": weights,
+        "calibration_nll": nll,
+        "validation_accuracy": val_acc,
+        "member_validation_accuracy": member_acc,
+        "wall_s": round(time.perf_counter() - started, 2),
+    }
+    (root / "metrics" / name).mkdir(parents=True, exist_ok=True)
+    (root / "metrics" / name / "train.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    return metrics
+
+
+def summary(name: str, m: dict[str, Any]) -> str:
+    w = ", ".join(f"{k} {v:.3f}" for k, v in m["weights"].items())
+    members = ", ".join(f"{k} {v:.4f}" for k, v in m["member_validation_accuracy"].items())
+    return (
+        f"combine: {name}: weights {w}; validation accuracy {m['validation_accuracy']:.4f} "
+        f"(members: {members}) in {m['wall_s']:.1f} s"
+    )
