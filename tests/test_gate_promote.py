@@ -133,6 +133,27 @@ def home(tmp_path_factory) -> Path:
     spec = (REPO / "tests/specs_examples/good/home_local.yaml").read_text()
     (root / "specs/data/home.yaml").write_text(spec)
     write_model_spec(root, "tiny", dict(TINY_NGRAM, steps=60, checkpoint={"every_steps": 20, "keep": 2}))
+    write_model_spec(
+        root,
+        "tiny2",
+        dict(
+            TINY_NGRAM,
+            seed=9,
+            ngram={"buckets": 2048, "dim": 8},
+            steps=60,
+            checkpoint={"every_steps": 20, "keep": 2},
+        ),
+    )
+    write_model_spec(
+        root,
+        "duo",
+        {
+            "kind": "model",
+            "data": "specs/data/home.yaml",
+            "family": "ensemble",
+            "ensemble": {"members": ["tiny", "tiny2"]},
+        },
+    )
     # Toy data (a few dozen rows): this loop tests the mechanics of gate and promotion, so the
     # thresholds are the toy's; BANKING77's real thresholds are specs/gate.yaml's.
     (root / "specs/gate.yaml").write_text(
@@ -141,7 +162,7 @@ def home(tmp_path_factory) -> Path:
     )
     params = yaml.safe_load((root / "params.yaml").read_text())
     (root / "params.yaml").write_text(
-        yaml.safe_dump(dict(params, data="specs/data/home.yaml", models=["tiny"]))
+        yaml.safe_dump(dict(params, data="specs/data/home.yaml", models=["tiny", "tiny2", "duo"]))
     )
     run_cli("compile", cwd=root, check=True)
     _dvc(root, "repro")
@@ -165,7 +186,14 @@ def test_pipeline_writes_predictions_and_a_passing_gate(home):
     }
     assert len(lines[0]["alternatives"]) == 3
     g = json.loads((home / "metrics/gate.json").read_text())
-    assert g["passed"] and g["chosen"] == "tiny", g["reasons"]
+    assert g["passed"] and g["chosen"] in ("tiny", "tiny2", "duo"), g["reasons"]
+    assert set(g["candidates"]) == {"tiny", "tiny2", "duo"}
+    best = max(c["heldout_accuracy"] for c in g["candidates"].values() if c["passed"])
+    assert g["candidates"][g["chosen"]]["heldout_accuracy"] == best
+    duo = json.loads((home / "metrics/duo/train.json").read_text())
+    assert set(duo["weights"]) == {"tiny", "tiny2"} and all(w > 0 for w in duo["weights"].values())
+    resume = {r["rule"]: r for r in g["candidates"]["duo"]["rules"]}["resume_equivalence"]
+    assert resume["verdict"] == "pass"  # an ensemble's resume evidence is its members' checks
     assert json.loads((home / "models/tiny/calibration.json").read_text())["fitted_on"][
         "out_of_scope_sets"
     ] == ["oos_val"]
@@ -178,8 +206,9 @@ def test_promote_refuses_a_dirty_workspace_then_commits_and_tags(home):
     assert (home / "models/production.json").read_bytes() == before
     _git(home, "add", "-A")
     _git(home, "commit", "-qm", "home pipeline results")
+    chosen = json.loads((home / "metrics/gate.json").read_text())["chosen"]
     dry = run_cli("promote", "--dry-run", cwd=home, check=True)
-    assert "would write models/production.json" in dry.stdout and "tiny#prod#1" in dry.stdout
+    assert "would write models/production.json" in dry.stdout and f"{chosen}#prod#1" in dry.stdout
     assert (home / "models/production.json").read_bytes() == before
     env = {
         "GIT_AUTHOR_NAME": "t",
@@ -188,13 +217,10 @@ def test_promote_refuses_a_dirty_workspace_then_commits_and_tags(home):
         "GIT_COMMITTER_EMAIL": "t@t",
     }
     done = run_cli("promote", cwd=home, env=env, check=True)
-    assert "tag tiny#prod#1" in done.stdout
+    assert f"tag {chosen}#prod#1" in done.stdout
     prod = json.loads((home / "models/production.json").read_text())
-    assert (
-        prod["model"] == "tiny"
-        and prod["code_commit"]
-        and "models/tiny/model.safetensors" in prod["artifacts"]
-    )
+    assert prod["model"] == chosen and prod["code_commit"] == _git(home, "rev-parse", "HEAD~1").strip()
+    assert f"models/{chosen}/model.safetensors" in prod["artifacts"]
     message = _git(home, "log", "-1", "--format=%B")
     for rule in (
         "heldout_accuracy",
@@ -204,9 +230,9 @@ def test_promote_refuses_a_dirty_workspace_then_commits_and_tags(home):
         "resume_equivalence",
     ):
         assert f"- {rule}:" in message
-    assert _git(home, "tag", "--list", "tiny#prod#*").split() == ["tiny#prod#1"]
-    assert _git(home, "cat-file", "-t", "tiny#prod#1").strip() == "tag"  # annotated
-    assert "promote tiny" in run_cli("history", cwd=home, check=True).stdout
+    assert _git(home, "tag", "--list", "*#prod#*").split() == [f"{chosen}#prod#1"]
+    assert _git(home, "cat-file", "-t", f"{chosen}#prod#1").strip() == "tag"  # annotated
+    assert f"promote {chosen}" in run_cli("history", cwd=home, check=True).stdout
 
 
 def test_predict_routes_queries_with_the_production_model(home):
@@ -224,7 +250,8 @@ def test_predict_routes_queries_with_the_production_model(home):
         "model_version",
         "latency_ms",
     } <= set(first)
-    policy = json.loads((home / "models/tiny/calibration.json").read_text())["policy"]
+    chosen = json.loads((home / "models/production.json").read_text())["model"]
+    policy = json.loads((home / f"models/{chosen}/calibration.json").read_text())["policy"]
     for p in (first, second):  # the route follows the calibrated policy, and says why
         assert (p["route"] == "review") == bool(p["reasons"])
         assert ("low_confidence" in p["reasons"]) == (p["probability"] < policy["threshold"])

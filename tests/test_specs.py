@@ -78,7 +78,8 @@ def test_cli_reports_without_traceback(path):
 
 def test_validate_whole_specs_folder():
     proc = run_cli("validate", "specs/", check=True)
-    assert "4 of 4 spec(s) valid" in proc.stdout
+    n = len(list((REPO / "specs").rglob("*.yaml")))
+    assert f"{n} of {n} spec(s) valid" in proc.stdout
 
 
 def test_head_size_comes_from_vocabulary():
@@ -94,3 +95,13 @@ def test_yaml_syntax_error_names_line(tmp_path):
     bad.write_text("kind: model\nfamily: [ngram\n")
     with pytest.raises(UserError, match=r"broken.yaml: not valid YAML at line \d+"):
         load_spec(bad)
+
+
+def test_compile_refuses_an_ensemble_whose_members_are_not_run(tmp_path):
+    from tests.conftest import copy_project
+
+    root = copy_project(tmp_path)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    (root / "params.yaml").write_text(yaml.safe_dump(dict(params, models=["ngram", "ensemble"])))
+    proc = run_cli("compile", cwd=root)
+    assert proc.returncode == 2 and "ensemble.members ['minilm_frozen'] are not in params.yaml" in proc.stderr
