@@ -43,6 +43,7 @@ def test_train_writes_model_metrics_and_plot(project):
         "config.json",
         "labels.json",
         "fingerprint.json",
+        "assets",
     }
     assert json.loads((model / "labels.json").read_text()) == [
         "lights_on",
