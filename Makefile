@@ -28,17 +28,18 @@ repro: venv
 	dvc repro
 
 test: venv
-	ruff check src tests
+	ruff check src tests bench
 	reprogate validate specs/
 	reprogate compile --check
 	python -m pytest
 
 lint: venv
-	ruff check src tests
+	ruff check src tests bench
 	ruff format --check src tests
 
 bench: venv
 	python bench/train_bench.py
+	python -m pytest bench -q -s --benchmark-enable --benchmark-columns=median,mean,max,rounds
 
 lock: venv
 	{ head -3 requirements.lock; python -m pip freeze --exclude-editable | sed 's/^torch==\(.*\)+cpu$$/torch==\1/'; } > requirements.lock.new

@@ -32,10 +32,18 @@ def main() -> None:
     if not (ROOT / "data" / "prepared" / "train.jsonl").is_file():
         prepare(ROOT / "specs" / "data" / "banking77.yaml", ROOT)
     rows = []
-    with tempfile.TemporaryDirectory(prefix="bench-", dir=ROOT / "runs" if (ROOT / "runs").is_dir() else None) as tmp:
+    with tempfile.TemporaryDirectory(
+        prefix="bench-", dir=ROOT / "runs" if (ROOT / "runs").is_dir() else None
+    ) as tmp:
         paths = train.Paths.for_model(ROOT, "ngram", work=Path(tmp) / "ngram")
         m = train.run(ROOT, paths, skip_plan=False, log=lambda s: None)
-    rows.append(("ngram full train, wall time (s)", m["wall_s"], "projected " f"{m['projected']['projected_minutes'] * 60:.1f} s"))
+    rows.append(
+        (
+            "ngram full train, wall time (s)",
+            m["wall_s"],
+            f"projected {m['projected']['projected_minutes'] * 60:.1f} s",
+        )
+    )
     rows.append(("ngram train examples/s", m["examples_per_s"], f"{m['steps']} updates"))
     rows.append(("ngram checkpoint share of training time", m["checkpoint_share"], "target < 0.05"))
     rows.append(("ngram validation accuracy", m["validation_accuracy"], "not a test-set number"))
@@ -43,8 +51,14 @@ def main() -> None:
         setup = train.Setup(ROOT, train.Paths.for_model(ROOT, "minilm"))
         plan = measure(setup, warmup=2, timed=10, max_seconds=120)
         per_update = setup.spec.micro_batch * setup.spec.grad_accum
-        rows.append(("minilm fine-tune examples/s", round(per_update / plan.update_s, 1),
-                     f"{plan.update_s:.2f} s/update, projected {plan.projected_minutes:.1f} min for {plan.total_steps} updates"))
+        rows.append(
+            (
+                "minilm fine-tune examples/s",
+                round(per_update / plan.update_s, 1),
+                f"{plan.update_s:.2f} s/update, projected {plan.projected_minutes:.1f} min "
+                f"for {plan.total_steps} updates",
+            )
+        )
         from reprogate import models
         from reprogate.specs import ModelSpec, load_spec
 
@@ -54,8 +68,13 @@ def main() -> None:
         sample = texts(ROOT, "validation")
         t = time.perf_counter()
         feat.encode(sample)
-        rows.append(("frozen MiniLM embedding texts/s", round(len(sample) / (time.perf_counter() - t), 1),
-                     f"{len(sample)} validation texts"))
+        rows.append(
+            (
+                "frozen MiniLM embedding texts/s",
+                round(len(sample) / (time.perf_counter() - t), 1),
+                f"{len(sample)} validation texts",
+            )
+        )
     width = max(len(r[0]) for r in rows)
     for name, value, note in rows:
         print(f"{name:<{width}}  {value!s:>10}  {note}")

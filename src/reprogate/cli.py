@@ -216,6 +216,13 @@ def _predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from reprogate.serve import serve
+
+    serve(find_root(Path.cwd()), args.host, args.port, Path(args.model) if args.model else None)
+    return 0
+
+
 def _plan(args: argparse.Namespace) -> int:
     from reprogate.plan import measure
     from reprogate.stages.train import Paths, Setup
@@ -270,6 +277,12 @@ def build_parser() -> argparse.ArgumentParser:
     pd.add_argument("--output", help="write JSON lines here instead of stdout")
     pd.add_argument("--model", help="a model folder (default: the one in models/production.json)")
     pd.set_defaults(func=_predict)
+
+    sv = sub.add_parser("serve", help="HTTP JSON API over the production model, with hot reload")
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8080)
+    sv.add_argument("--model", help="serve this model folder instead of production (not watched)")
+    sv.set_defaults(func=_serve)
 
     pl = sub.add_parser("plan", help="measure a few real steps and project time and memory")
     pl.add_argument("spec")

@@ -1,0 +1,280 @@
+"""`reprogate serve`: the production model over HTTP (FastAPI on uvicorn).
+
+POST /predict  {"text": "..."} or {"texts": ["...", ...]} -> {"predictions": [Prediction, ...]}
+GET  /healthz  liveness and the model being served
+GET  /version  production model, data hash, code commit, calibration
+GET  /openapi.json, /docs
+
+The model is loaded and warmed once at start-up. A watcher thread re-reads
+models/production.json; when a promotion or a rollback changes it, the new model is loaded
+and warmed beside the old one, then swapped in with one reference assignment: requests
+already running finish on the model they started with, none is dropped. A user mistake in a
+request is a 4xx with a message, never a 500, and the server keeps answering.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from reprogate.errors import UserError
+from reprogate.stages.gate import PRODUCTION
+
+MAX_TEXT_CHARS = 1000
+MAX_BATCH = 64
+MAX_BODY_BYTES = 256 * 1024
+log = logging.getLogger("reprogate.serve")
+
+Text = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MAX_TEXT_CHARS)]
+
+
+class PredictRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: Text | None = Field(None, description="One query.")
+    texts: list[Text] | None = Field(None, min_length=1, max_length=MAX_BATCH, description="Several queries.")
+
+    @model_validator(mode="after")
+    def _one(self) -> PredictRequest:
+        if (self.text is None) == (self.texts is None):
+            raise ValueError('give exactly one of "text" (a string) or "texts" (a list of strings)')
+        for t in [self.text] if self.text is not None else self.texts:
+            if not t.strip():
+                raise ValueError("a query is blank; every query needs some text")
+        return self
+
+
+class Alternative(BaseModel):
+    intent: str
+    probability: float
+
+
+class Prediction(BaseModel):
+    text: str
+    intent: str
+    probability: float = Field(description="Calibrated probability of the top intent.")
+    alternatives: list[Alternative] = Field(description="Top-3 intents with calibrated probabilities.")
+    route: Literal["act", "review"]
+    reasons: list[str] = Field(description="Why review: low_confidence, small_margin, out_of_scope.")
+    model_version: str
+    latency_ms: float
+
+
+class PredictResponse(BaseModel):
+    predictions: list[Prediction]
+
+
+class ErrorResponse(BaseModel):
+    error: str
+    details: list[dict[str, Any]] = []
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """One servable model: never mutated, so a request can keep using it after a swap."""
+
+    name: str
+    version: str
+    scorer: Any
+    policy: Any
+    record: dict[str, Any]
+    source_sha256: str | None
+
+    def predict(self, texts: list[str]) -> list[dict[str, Any]]:
+        from reprogate.inference import prediction, probabilities
+
+        start = time.perf_counter()
+        probs = probabilities(self.scorer.text_logits(texts), self.policy.temperature)
+        ms = round((time.perf_counter() - start) * 1000, 3)
+        return [
+            {
+                "text": t,
+                **prediction(p, self.scorer.labels, self.policy, self.scorer.oos_index),
+                "model_version": self.version,
+                "latency_ms": ms,
+            }
+            for t, p in zip(texts, probs, strict=True)
+        ]
+
+
+def _sha(path: Path) -> str | None:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def load(root: Path, model_dir: Path | None = None) -> Loaded:
+    from reprogate.inference import Policy, Scorer
+
+    record: dict[str, Any] = {}
+    source = None
+    if model_dir is None:
+        source = _sha(root / PRODUCTION)
+        record = json.loads((root / PRODUCTION).read_text()) if source else {}
+        if not record.get("model"):
+            raise UserError(
+                f"{root / PRODUCTION}: no model in production; run `reprogate promote` after a passing "
+                "gate, or serve a folder with --model models/NAME."
+            )
+        model_dir = root / "models" / record["model"]
+    if not (model_dir / "calibration.json").is_file():
+        raise UserError(f"{model_dir}: not a calibrated model folder (no calibration.json).")
+    scorer = Scorer(root, model_dir.name, model_dir)
+    loaded = Loaded(
+        name=model_dir.name,
+        version=record.get("model_version") or f"{model_dir.name}@{scorer.fingerprint['spec_hash'][:12]}",
+        scorer=scorer,
+        policy=Policy.load(model_dir / "calibration.json"),
+        record=record,
+        source_sha256=source,
+    )
+    loaded.predict(["warm up"])  # first-call costs (allocations, lazy imports) happen here
+    return loaded
+
+
+class Holder:
+    """The model being served, and the watcher that swaps in a newly promoted one."""
+
+    def __init__(self, root: Path, model_dir: Path | None, interval: float):
+        self.root, self.model_dir, self.interval = root, model_dir, interval
+        self.current = load(root, model_dir)
+        self.reload_error: str | None = None
+        self.reloads = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def check(self) -> bool:
+        """Reload when production.json changed; True when a new model was swapped in."""
+        sha = _sha(self.root / PRODUCTION)
+        if sha is None or sha == self.current.source_sha256:
+            return False
+        try:
+            fresh = load(self.root)
+        except Exception as e:  # keep serving the old model; say why on /healthz
+            self.reload_error = f"{type(e).__name__}: {e}"
+            log.error("reload failed, still serving %s: %s", self.current.version, self.reload_error)
+            return False
+        self.current, self.reload_error = fresh, None  # one assignment: atomic for readers
+        self.reloads += 1
+        log.info("now serving %s", fresh.version)
+        return True
+
+    def start(self) -> None:
+        if self.model_dir is not None:
+            return  # a fixed model folder is not watched
+
+        def loop() -> None:
+            while not self._stop.wait(self.interval):
+                self.check()
+
+        self._thread = threading.Thread(target=loop, name="production-watcher", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+
+
+def _error(status: int, message: str, details: list | None = None) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error": message, "details": details or []})
+
+
+def create_app(root: Path, model_dir: Path | None = None, watch_interval: float = 1.0) -> FastAPI:
+    # Loaded here, before the server listens: a broken model is a clear error at start-up.
+    holder = {"h": Holder(root, model_dir, watch_interval)}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        holder["h"].start()
+        yield
+        holder["h"].stop()
+
+    app = FastAPI(
+        title="reprogate",
+        version="1",
+        description="Routed intent predictions from the production model.",
+        lifespan=lifespan,
+    )
+
+    @app.middleware("http")
+    async def limit_body(request: Request, call_next):
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+            return _error(
+                413,
+                f"request body over {MAX_BODY_BYTES} bytes; send at most {MAX_BATCH} "
+                f"queries of at most {MAX_TEXT_CHARS} characters",
+            )
+        return await call_next(request)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        details = [{"field": ".".join(str(x) for x in e["loc"]), "message": e["msg"]} for e in exc.errors()]
+        kinds = {e["type"] for e in exc.errors()}
+        message = (
+            "body is not valid JSON in UTF-8"
+            if "json_invalid" in kinds
+            else 'invalid request: send {"text": "..."} or {"texts": ["...", ...]}'
+        )
+        return _error(422, message, details)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 400:  # FastAPI could not decode the body at all
+            return _error(400, 'body is not valid JSON in UTF-8; send {"text": "..."}')
+        return _error(exc.status_code, str(exc.detail))
+
+    app.state.holder = holder["h"]
+    responses = {413: {"model": ErrorResponse}, 422: {"model": ErrorResponse}}
+
+    @app.post("/predict", response_model=PredictResponse, responses=responses)
+    def predict(req: PredictRequest) -> dict[str, Any]:
+        loaded = holder["h"].current  # this request's model, even if a swap happens meanwhile
+        return {"predictions": loaded.predict([req.text] if req.text is not None else req.texts)}
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, Any]:
+        h = holder["h"]
+        return {
+            "status": "ok",
+            "model_version": h.current.version,
+            "reloads": h.reloads,
+            "reload_error": h.reload_error,
+        }
+
+    @app.get("/version")
+    def version() -> dict[str, Any]:
+        cur = holder["h"].current
+        r = cur.record
+        return {
+            "model": cur.name,
+            "model_version": cur.version,
+            "data_sha256": r.get("data_sha256"),
+            "code_commit": r.get("code_commit"),
+            "calibration": {
+                "temperature": cur.policy.temperature,
+                "threshold": cur.policy.threshold,
+                "margin": cur.policy.margin,
+            },
+            "labels": len(cur.scorer.labels),
+        }
+
+    return app
+
+
+def serve(root: Path, host: str, port: int, model_dir: Path | None) -> None:
+    import uvicorn
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    uvicorn.run(create_app(root, model_dir), host=host, port=port, log_level="info")

@@ -1,0 +1,205 @@
+"""HTTP API: predictions, bad requests answered with 4xx, OpenAPI, hot reload under load."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import jsonschema
+import pytest
+import uvicorn
+from fastapi.testclient import TestClient
+
+from reprogate.serve import MAX_BATCH, MAX_BODY_BYTES, MAX_TEXT_CHARS, create_app
+from reprogate.stages import calibrate, train
+from tests.conftest import TINY_NGRAM, make_home_project, write_model_spec
+
+
+def _promote_by_hand(root: Path, name: str) -> None:
+    """What `reprogate promote` writes (the parts the server reads), without git."""
+    fp = json.loads((root / "models" / name / "fingerprint.json").read_text())
+    record = {
+        "model": name,
+        "model_version": f"{name}@{fp['spec_hash'][:12]}",
+        "code_commit": "test",
+        "data_sha256": {"train": "x"},
+    }
+    tmp = root / "models" / "production.json.tmp"
+    tmp.write_text(json.dumps(record))
+    tmp.replace(root / "models" / "production.json")  # atomic, like a git checkout of the file
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    root = make_home_project(tmp_path_factory.mktemp("serve"))
+    write_model_spec(root, "tiny2", dict(TINY_NGRAM, seed=11, ngram={"buckets": 2048, "dim": 8}))
+    for name in ("tiny", "tiny2"):
+        train.run(root, train.Paths.for_model(root, name), skip_plan=True, log=lambda s: None)
+        calibrate.run(root, name, root / "specs" / "gate.yaml")
+    _promote_by_hand(root, "tiny")
+    return root
+
+
+@pytest.fixture(scope="module")
+def client(project):
+    with TestClient(create_app(project, watch_interval=3600)) as c:
+        yield c
+
+
+def test_predict_one_and_many(client):
+    r = client.post("/predict", json={"text": "turn off the hall lights"})
+    assert r.status_code == 200
+    (p,) = r.json()["predictions"]
+    assert p["intent"] == "lights_off" and len(p["alternatives"]) == 3 and p["route"] in ("act", "review")
+    assert p["model_version"].startswith("tiny@") and p["latency_ms"] >= 0
+    r = client.post("/predict", json={"texts": ["play some jazz", "set a timer for 10 minutes"]})
+    assert [x["intent"] for x in r.json()["predictions"]] == ["play_music", "set_timer"]
+    assert client.get("/healthz").json()["status"] == "ok"
+    v = client.get("/version").json()
+    assert v["model"] == "tiny" and v["code_commit"] == "test" and "temperature" in v["calibration"]
+
+
+BAD_REQUESTS = [
+    ("empty body", {"content": b""}),
+    ("null", {"content": b"null"}),
+    ("a list", {"json": ["turn on the lights"]}),
+    ("empty text", {"json": {"text": ""}}),
+    ("blank text", {"json": {"text": "   "}}),
+    ("number", {"json": {"text": 5}}),
+    ("boolean", {"json": {"text": True}}),
+    ("null text", {"json": {"text": None}}),
+    ("neither field", {"json": {}}),
+    ("both fields", {"json": {"text": "a", "texts": ["b"]}}),
+    ("unknown field", {"json": {"text": "a", "language": "en"}}),
+    ("typo in field", {"json": {"txt": "turn on the lights"}}),
+    ("empty batch", {"json": {"texts": []}}),
+    ("batch of numbers", {"json": {"texts": [1, 2]}}),
+    ("batch as string", {"json": {"texts": "play jazz"}}),
+    ("nested batch", {"json": {"texts": [["play jazz"]]}}),
+    ("blank in batch", {"json": {"texts": ["play jazz", ""]}}),
+    ("batch too large", {"json": {"texts": ["play jazz"] * (MAX_BATCH + 1)}}),
+    ("text too long", {"json": {"text": "a" * (MAX_TEXT_CHARS + 1)}}),
+    ("invalid JSON", {"content": b"{text: play jazz}", "headers": {"content-type": "application/json"}}),
+    (
+        "invalid UTF-8",
+        {"content": b'{"text": "\xff\xfe jazz"}', "headers": {"content-type": "application/json"}},
+    ),
+    (
+        "oversized body",
+        {
+            "content": b'{"text": "' + b"a" * MAX_BODY_BYTES + b'"}',
+            "headers": {"content-type": "application/json"},
+        },
+    ),
+    ("not JSON content type", {"content": b"play jazz", "headers": {"content-type": "text/plain"}}),
+]
+
+
+def test_bad_requests_get_4xx_and_the_server_keeps_answering(client):
+    assert len(BAD_REQUESTS) >= 20
+    for name, kwargs in BAD_REQUESTS:
+        r = client.post("/predict", **kwargs)
+        assert 400 <= r.status_code < 500, (name, r.status_code, r.text)
+        assert r.json()["error"], name
+    assert client.get("/predict").status_code == 405
+    assert client.post("/nowhere", json={"text": "a"}).status_code == 404
+    ok = client.post("/predict", json={"text": "what's the weather in Oslo"})
+    assert ok.status_code == 200 and ok.json()["predictions"][0]["intent"] == "weather"
+
+
+def test_error_messages_say_what_to_send(client):
+    r = client.post("/predict", json={"txt": "a"})
+    assert r.status_code == 422 and '{"text": "..."}' in r.json()["error"]
+    assert r.json()["details"][0]["field"] == "body.txt"
+    r = client.post("/predict", content=b'{"text": "\xff"}', headers={"content-type": "application/json"})
+    assert "not valid JSON" in r.json()["error"]
+
+
+def test_openapi_describes_the_request(client):
+    doc = client.get("/openapi.json").json()
+    assert {"/predict", "/healthz", "/version"} <= set(doc["paths"])
+    schema = doc["components"]["schemas"]["PredictRequest"]
+    assert schema["additionalProperties"] is False and {"text", "texts"} <= set(schema["properties"])
+    jsonschema.validate({"text": "turn on the lights"}, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"txt": "turn on the lights"}, schema)
+    ok = doc["paths"]["/predict"]["post"]["responses"]
+    assert {"200", "413", "422"} <= set(ok)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_promotion_hot_reloads_without_dropping_requests(project):
+    port = _free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(project, watch_interval=0.2), host="127.0.0.1", port=port, log_level="warning"
+        )
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    seen: list[str] = []
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def loop() -> None:
+        with httpx.Client(base_url=url, timeout=10) as c:
+            for _ in range(5000):  # bounded
+                if stop.is_set():
+                    return
+                try:
+                    r = c.post("/predict", json={"texts": ["turn on the kitchen lights", "play some rock"]})
+                    if r.status_code != 200:
+                        errors.append(f"{r.status_code} {r.text}")
+                    else:
+                        seen.append(r.json()["predictions"][0]["model_version"])
+                except httpx.HTTPError as e:
+                    errors.append(repr(e))
+
+    clients = [threading.Thread(target=loop) for _ in range(3)]
+    try:
+        for c in clients:
+            c.start()
+        time.sleep(0.5)
+        _promote_by_hand(project, "tiny2")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (seen and seen[-1].startswith("tiny2@")):
+            time.sleep(0.1)
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        for c in clients:
+            c.join(timeout=20)
+        server.should_exit = True
+        thread.join(timeout=20)
+        _promote_by_hand(project, "tiny")
+    assert errors == []
+    assert seen[0].startswith("tiny@") and seen[-1].startswith("tiny2@")
+    first_new = next(i for i, v in enumerate(seen) if v.startswith("tiny2@"))
+    assert all(v.startswith("tiny2@") for v in seen[first_new + 10 :])  # swapped, not flapping
+
+
+def test_a_broken_promotion_keeps_the_old_model(project):
+    app = create_app(project, watch_interval=3600)
+    with TestClient(app) as c:
+        (project / "models" / "production.json").write_text(json.dumps({"model": "missing_model"}))
+        try:
+            assert app.state.holder.check() is False  # what the watcher thread runs
+            health = c.get("/healthz").json()
+            assert health["model_version"].startswith("tiny@") and "missing_model" in health["reload_error"]
+            r = c.post("/predict", json={"text": "play some jazz"})
+            assert r.status_code == 200 and r.json()["predictions"][0]["model_version"].startswith("tiny@")
+        finally:
+            _promote_by_hand(project, "tiny")
