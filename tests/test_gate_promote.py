@@ -164,8 +164,12 @@ def home(tmp_path_factory) -> Path:
     (root / "params.yaml").write_text(
         yaml.safe_dump(dict(params, data="specs/data/home.yaml", models=["tiny", "tiny2", "duo"]))
     )
+    # This copy starts with nothing in production, whatever this repository has promoted.
+    (root / "models/production.json").write_text('{"model": null}\n')
     run_cli("compile", cwd=root, check=True)
     _dvc(root, "repro")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-qm", "home pipeline")
     return root
 
 
@@ -201,6 +205,7 @@ def test_pipeline_writes_predictions_and_a_passing_gate(home):
 
 def test_promote_refuses_a_dirty_workspace_then_commits_and_tags(home):
     before = (home / "models/production.json").read_bytes()
+    (home / "notes.txt").write_text("an uncommitted change\n")
     refused = run_cli("promote", cwd=home)
     assert refused.returncode == 2 and "uncommitted changes" in refused.stderr
     assert (home / "models/production.json").read_bytes() == before

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from reprogate.errors import UserError
 from reprogate.specs import find_root
+from reprogate.stages import NAMES
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -48,85 +49,21 @@ def _compile(args: argparse.Namespace) -> int:
 
 
 def _stage(args: argparse.Namespace) -> int:
-    root = find_root(Path.cwd())
-    if args.name == "prepare":
-        from reprogate.compile import load_pipeline
-        from reprogate.stages.prepare import prepare, summary
+    from reprogate import stages
 
-        spec = Path(args.spec) if args.spec else root / load_pipeline(root).data
-        print(summary(prepare(spec, root)))
-        return 0
-    if args.name == "train":
-        from reprogate.stages import train
-
-        m = train.run(root, _model_paths(root, args), skip_plan=args.skip_plan)
-        print(
-            f"train: {args.model}: {m['steps']} steps on {m['device']} in {m['wall_s']:.1f} s, "
-            f"{m['examples_per_s']} examples/s, final loss {m['final_loss']:.4f}, validation accuracy "
-            f"{m['validation_accuracy']:.4f}, peak memory {m['peak_rss_gb']:.2f} GB"
+    opt = lambda v: Path(v) if v else None  # noqa: E731
+    print(
+        stages.run(
+            args.name,
+            find_root(Path.cwd()),
+            args.model,
+            opt(args.spec),
+            opt(args.run_dir),
+            opt(args.work_dir),
+            args.skip_plan,
         )
-        return 0
-    if args.name == "features":
-        from reprogate.stages import features
-
-        if not args.model:
-            raise UserError("stage features needs a model name, e.g. `reprogate stage features ngram`.")
-        print(features.run(root, args.model))
-        return 0
-    if args.name == "combine":
-        from reprogate.stages import combine
-
-        print(combine.summary(_need_model(args), combine.run(root, args.model)))
-        return 0
-    if args.name == "calibrate":
-        from reprogate.compile import load_pipeline
-        from reprogate.stages import calibrate
-
-        gate = root / load_pipeline(root).gate
-        print(calibrate.summary(_need_model(args), calibrate.run(root, args.model, gate)))
-        return 0
-    if args.name == "evaluate":
-        from reprogate.stages import evaluate
-
-        print(evaluate.summary(_need_model(args), evaluate.run(root, args.model)))
-        return 0
-    if args.name == "gate":
-        from reprogate.compile import load_pipeline
-        from reprogate.stages import gate
-
-        pipe = load_pipeline(root)
-        print(gate.summary(gate.run(root, list(pipe.models), root / pipe.gate)))
-        return 0
-    if args.name == "resume_check":
-        from reprogate.stages import resume_check
-
-        if not args.model:
-            raise UserError(
-                "stage resume_check needs a model name, e.g. `reprogate stage resume_check ngram`."
-            )
-        print(resume_check.summary(args.model, resume_check.run(root, args.model)))
-        return 0
-    raise UserError(f"unknown stage '{args.name}'")
-
-
-def _need_model(args: argparse.Namespace) -> str:
-    if not args.model:
-        raise UserError(f"stage {args.name} needs a model name, e.g. `reprogate stage {args.name} ngram`.")
-    return args.model
-
-
-def _model_paths(root: Path, args: argparse.Namespace):
-    from reprogate.stages.train import Paths
-
-    if not args.model:
-        raise UserError(f"stage {args.name} needs a model name, e.g. `reprogate stage {args.name} ngram`.")
-    return Paths.for_model(
-        root,
-        args.model,
-        Path(args.spec) if args.spec else None,
-        Path(args.run_dir) if args.run_dir else None,
-        Path(args.work_dir) if args.work_dir else None,
     )
+    return 0
 
 
 def _promote(args: argparse.Namespace) -> int:
@@ -253,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("stage", help="run one pipeline stage (what dvc repro calls)")
     st.add_argument(
         "name",
-        choices=["prepare", "features", "train", "combine", "calibrate", "evaluate", "resume_check", "gate"],
+        choices=NAMES,
     )
     st.add_argument("model", nargs="?", help="model spec name (specs/models/NAME.yaml)")
     st.add_argument("--spec", help="spec file (default: params.yaml 'data' / specs/models/NAME.yaml)")

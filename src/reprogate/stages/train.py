@@ -272,6 +272,14 @@ def run(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[str
     return metrics
 
 
+def summary(name: str, m: dict[str, Any]) -> str:
+    return (
+        f"train: {name}: {m['steps']} steps on {m['device']} in {m['wall_s']:.1f} s, "
+        f"{m['examples_per_s']} examples/s, final loss {m['final_loss']:.4f}, validation accuracy "
+        f"{m['validation_accuracy']:.4f}, peak memory {m['peak_rss_gb']:.2f} GB"
+    )
+
+
 def validation_accuracy(setup: Setup, trainer) -> float:
     import torch
 
