@@ -102,11 +102,12 @@ def plan(root: Path) -> dict[str, Any]:
     n = 1 + max((int(t.rsplit("#", 1)[1]) for t in previous if t.rsplit("#", 1)[1].isdigit()), default=0)
     lines = [f"promote {name} ({cand['model_version']}) to production", ""]
     for r in cand["rules"]:
-        value = r["value"] if not isinstance(r["value"], float) else f"{r['value']:.4f}"
-        cond = f"{r['op']} {r['threshold']}" if r["op"] else ""
-        lines.append(
-            f"- {r['rule']}: {value} {cond} -> {r['verdict']}" + (f" ({r['note']})" if r.get("note") else "")
-        )
+        if r["verdict"] == "n/a":
+            lines.append(f"- {r['rule']}: n/a ({r.get('note', '')})")
+            continue
+        value = f"{r['value']:.4f}" if isinstance(r["value"], float) else r["value"]
+        note = f" ({r['note']})" if r.get("note") else ""
+        lines.append(f"- {r['rule']}: {value} {r['op']} {r['threshold']} -> {r['verdict']}{note}")
     lines += ["", f"gate: {'; '.join(gate['reasons'])}", f"code: {record['code_commit']}"]
     return {"record": record, "tag": f"{name}#{STAGE}#{n}", "message": "\n".join(lines)}
 
