@@ -135,6 +135,7 @@ def _predict(args: argparse.Namespace) -> int:
     scorer = Scorer(root, model_dir.name, model_dir)
     policy = Policy.load(model_dir / "calibration.json")
     version = f"{model_dir.name}@{scorer.fingerprint['spec_hash'][:12]}"
+    scorer.text_logits(["warm up"])  # so latency_ms measures a warm query, not lazy start-up
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout  # noqa: SIM115
     try:
         for text in texts:
