@@ -11,7 +11,6 @@ refused with the reason, and the next older one is tried.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -22,6 +21,8 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from reprogate.hashing import sha256_file
 
 # Fingerprint fields that must match to resume; others (packages, code, device) only warn.
 MUST_MATCH = ("spec_hash", "data_hash", "labels_hash")
@@ -34,14 +35,6 @@ class Checkpoint:
     tensors: dict[str, dict[str, torch.Tensor]]  # file stem -> flat tensors
     meta: dict[str, Any]  # file stem -> JSON content
     fingerprint: dict[str, Any]
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _fsync_file(path: Path) -> None:
@@ -84,13 +77,13 @@ def save(
         path = tmp / f"{stem}.safetensors"
         save_file({k: v.detach().contiguous().cpu() for k, v in group.items()}, str(path))
         _fsync_file(path)
-        files[path.name] = _sha256(path)
+        files[path.name] = sha256_file(path)
         if hook:
             hook(f"wrote:{stem}")
     for stem, obj in meta.items():
         path = tmp / f"{stem}.json"
         _write_json(path, obj)
-        files[path.name] = _sha256(path)
+        files[path.name] = sha256_file(path)
     _write_json(tmp / MANIFEST, {"step": step, "files": files, "fingerprint": fingerprint})
     _fsync_dir(tmp)
     if hook:
@@ -129,7 +122,7 @@ def verify(path: Path) -> dict[str, Any]:
         f = path / fname
         if not f.is_file():
             raise ValueError(f"{fname} is missing")
-        actual = _sha256(f)
+        actual = sha256_file(f)
         if actual != sha:
             raise ValueError(f"{fname} is corrupt (sha256 {actual[:12]}…, manifest says {sha[:12]}…)")
     return manifest

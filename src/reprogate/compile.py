@@ -21,7 +21,13 @@ HEADER = (
     "# change a spec, run `reprogate compile`, commit both. CI runs `reprogate compile --check`.\n"
 )
 PKG = "src/reprogate"
-COMMON = [f"{PKG}/stages/__init__.py", f"{PKG}/pipeline.py", f"{PKG}/specs.py", f"{PKG}/errors.py"]
+COMMON = [
+    f"{PKG}/stages/__init__.py",
+    f"{PKG}/pipeline.py",
+    f"{PKG}/specs.py",
+    f"{PKG}/errors.py",
+    f"{PKG}/hashing.py",
+]
 
 
 def _src(*modules: str) -> list[str]:

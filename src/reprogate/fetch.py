@@ -6,7 +6,6 @@ DVC-ignored cache) through a temporary name, so a broken download never looks co
 
 from __future__ import annotations
 
-import hashlib
 import os
 import urllib.error
 import urllib.request
@@ -15,15 +14,8 @@ from pathlib import Path
 import yaml
 
 from reprogate.errors import UserError
+from reprogate.hashing import sha256_file
 from reprogate.specs import HfSource, LocalSource, Origin, UrlSource
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def mirror_dirs(root: Path) -> list[Path]:

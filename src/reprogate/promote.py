@@ -10,7 +10,6 @@ is a rollback.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from typing import Any
 import yaml
 
 from reprogate.errors import UserError
+from reprogate.hashing import sha256_file
 from reprogate.specs import load_spec, spec_hash
 from reprogate.stages.gate import PRODUCTION
 
@@ -31,10 +31,6 @@ def _git(root: Path, *args: str, check: bool = True) -> str:
     if check and proc.returncode != 0:
         raise UserError(f"git {' '.join(args)} failed: {proc.stderr.strip()}")
     return proc.stdout.strip()
-
-
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _dvc_status(root: Path) -> dict:
@@ -81,7 +77,9 @@ def plan(root: Path) -> dict[str, Any]:
     record = {
         "model": name,
         "model_version": cand["model_version"],
-        "artifacts": {str(p.relative_to(root)): _sha(p) for p in sorted(model_dir.rglob("*")) if p.is_file()},
+        "artifacts": {
+            str(p.relative_to(root)): sha256_file(p) for p in sorted(model_dir.rglob("*")) if p.is_file()
+        },
         "data_sha256": data_metrics["sha256"],
         "spec_hashes": {
             f"specs/models/{name}.yaml": spec_hash(load_spec(root / "specs" / "models" / f"{name}.yaml")),

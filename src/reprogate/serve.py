@@ -14,7 +14,6 @@ request is a 4xx with a message, never a 500, and the server keeps answering.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import threading
@@ -31,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from reprogate.errors import UserError
+from reprogate.hashing import sha256_file
 from reprogate.stages.gate import PRODUCTION
 
 MAX_TEXT_CHARS = 1000
@@ -110,7 +110,7 @@ class Loaded:
 
 
 def _sha(path: Path) -> str | None:
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+    return sha256_file(path) if path.is_file() else None
 
 
 def load(root: Path, model_dir: Path | None = None) -> Loaded:

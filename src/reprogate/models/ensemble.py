@@ -8,17 +8,13 @@ features are used only while the members are exactly the ones they were computed
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from reprogate.hashing import sha256_file
 from reprogate.specs import ModelSpec
-
-
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 class EnsembleFeaturizer:
@@ -56,8 +52,8 @@ class EnsembleFeaturizer:
             "family": "ensemble",
             "members": {
                 m: {
-                    "model": _sha(d / m / "model.safetensors"),
-                    "calibration": _sha(d / m / "calibration.json"),
+                    "model": sha256_file(d / m / "model.safetensors"),
+                    "calibration": sha256_file(d / m / "calibration.json"),
                 }
                 for m in self.members
             },

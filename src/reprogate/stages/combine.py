@@ -7,10 +7,8 @@ calibrate@e, evaluate@e and the gate treat it like any other candidate.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -19,11 +17,10 @@ import torch
 from safetensors.torch import save_file
 
 from reprogate.errors import UserError
-from reprogate.models import feature_key
 from reprogate.models.ensemble import EnsembleCombiner, EnsembleFeaturizer
 from reprogate.specs import ModelSpec, load_spec, spec_hash
 from reprogate.stages.calibrate import gold_indices
-from reprogate.stages.features import FEATURES, splits
+from reprogate.stages.features import splits, write
 from reprogate.trainer import read_jsonl
 
 PREPARED = Path("data/prepared")
@@ -56,29 +53,13 @@ def run(root: Path, name: str) -> dict[str, Any]:
             "on the same data spec with the same head.out_of_scope_class."
         )
     feat = EnsembleFeaturizer(root, members)
-    out = root / FEATURES / name
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out.parent))
     cached: dict[str, torch.Tensor] = {}
-    try:
-        entries = {}
-        for split in splits(root, spec):
-            cached[split] = feat.split(split)
-            save_file(feat.to_tensors(cached[split]), str(tmp / f"{split}.safetensors"))
-            entries[split] = {
-                "rows": len(cached[split]),
-                "source_sha256": hashlib.sha256(
-                    (root / PREPARED / f"{split}.jsonl").read_bytes()
-                ).hexdigest(),
-            }
-        manifest = {"key": feature_key(feat), "featurizer": feat.key(), "splits": entries}
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        tmp.chmod(0o755)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    def score(split: str):
+        cached[split] = feat.split(split)
+        return cached[split], {}
+
+    write(root, name, feat, splits(root, spec), score)
 
     gold = torch.from_numpy(gold_indices(read_jsonl(root / PREPARED / "calibration.jsonl"), labels[0]))
     model = fit_weights(cached["calibration"], gold, len(members))

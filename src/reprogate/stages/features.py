@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from reprogate.fetch import sha256_file
+from reprogate.hashing import sha256_file
 from reprogate.models import feature_key
 from reprogate.specs import ModelSpec, load_spec
 
@@ -57,6 +57,33 @@ def concat(a, b):
     return torch.cat([a, b]) if torch.is_tensor(a) else a + b
 
 
+def write(root: Path, name: str, featurizer, names: list[str], produce) -> dict[str, dict]:
+    """Write data/features/<name>/ from `produce(split) -> (features, extra manifest fields)`:
+    built in a temporary sibling folder and swapped in whole, manifest last."""
+    out = root / FEATURES / name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out.parent))
+    entries = {}
+    try:
+        for split in names:
+            feats, extra = produce(split)
+            save_file(featurizer.to_tensors(feats), str(tmp / f"{split}.safetensors"))
+            entries[split] = {
+                "rows": len(feats),
+                "source_sha256": sha256_file(root / PREPARED / f"{split}.jsonl"),
+                **extra,
+            }
+        manifest = {"key": feature_key(featurizer), "featurizer": featurizer.key(), "splits": entries}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        tmp.chmod(0o755)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return entries
+
+
 def run(root: Path, name: str) -> str:
     from reprogate import models
     from reprogate.runtime import configure_mps_env, seed_everything, select_device
@@ -70,29 +97,14 @@ def run(root: Path, name: str) -> str:
     _, featurizer = models.build(spec, 2, root)
     if hasattr(featurizer, "encoder"):
         featurizer.encoder.to(device)
-    out = root / FEATURES / name
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out.parent))
-    entries = {}
-    try:
-        for split in splits(root, spec):
-            before = getattr(featurizer, "truncated", 0)
-            feats = featurizer.encode(texts(root, split))
-            save_file(featurizer.to_tensors(feats), str(tmp / f"{split}.safetensors"))
-            entries[split] = {
-                "rows": len(feats),
-                "source_sha256": sha256_file(root / PREPARED / f"{split}.jsonl"),
-                "truncated": getattr(featurizer, "truncated", 0) - before,
-            }
-            print(f"features: {name}/{split}: {len(feats)} rows", file=sys.stderr, flush=True)
-        manifest = {"key": feature_key(featurizer), "featurizer": featurizer.key(), "splits": entries}
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        tmp.chmod(0o755)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    def encode(split: str):
+        before = getattr(featurizer, "truncated", 0)
+        feats = featurizer.encode(texts(root, split))
+        print(f"features: {name}/{split}: {len(feats)} rows", file=sys.stderr, flush=True)
+        return feats, {"truncated": getattr(featurizer, "truncated", 0) - before}
+
+    entries = write(root, name, featurizer, splits(root, spec), encode)
     rows = sum(e["rows"] for e in entries.values())
     truncated = sum(e["truncated"] for e in entries.values())
     return (

@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from reprogate.errors import UserError
-from reprogate.fetch import fetch_origin, sha256_file
+from reprogate.fetch import fetch_origin
+from reprogate.hashing import sha256_file
 from reprogate.specs import DataSpec, Normalization, Table, find_root, load_spec
 
 PREPARED = Path("data/prepared")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from reprogate.errors import UserError
+from reprogate.hashing import sha256_file
 from reprogate.specs import DataSpec, ModelSpec, load_spec, spec_hash
 
 PREPARED = Path("data/prepared")
@@ -68,10 +69,6 @@ def code_hash() -> str:
     return h.hexdigest()
 
 
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def load_train_data(root: Path, spec: ModelSpec, spec_path: Path):
     from reprogate.trainer import OOS_LABEL, Example, TrainData, read_jsonl
 
@@ -98,7 +95,7 @@ def load_train_data(root: Path, spec: ModelSpec, spec_path: Path):
         files.append(neg)
         examples += [Example(r["text"], len(labels)) for r in read_jsonl(neg)]
         out.append(OOS_LABEL)
-    data_hash = hashlib.sha256("".join(_sha(f) for f in files).encode()).hexdigest()
+    data_hash = hashlib.sha256("".join(sha256_file(f) for f in files).encode()).hexdigest()
     return TrainData(examples, out, data_hash)
 
 
