@@ -79,10 +79,3 @@ def build(spec: ModelSpec, n_out: int, root: Path | None = None):
     assert cfg is not None
     model = NgramClassifier(cfg.buckets, cfg.dim, n_out, max(cfg.dropout, spec.head.dropout))
     return model, NgramFeaturizer(cfg.word_ngrams, cfg.char_ngrams, cfg.buckets)
-
-
-def from_config(cfg: dict, n_out: int):
-    """Rebuild for inference from models/<m>/config.json."""
-    f = cfg["featurizer"]
-    model = NgramClassifier(f["buckets"], cfg["dim"], n_out, 0.0)
-    return model, NgramFeaturizer(f["word_ngrams"], f["char_ngrams"], f["buckets"])
