@@ -21,6 +21,7 @@ class EnsembleFeaturizer:
     def __init__(self, root: Path, members: list[str]):
         self.root, self.members = root, members
         self._scorers = None
+        self._key: dict | None = None
 
     def scorers(self):
         if self._scorers is None:
@@ -47,17 +48,20 @@ class EnsembleFeaturizer:
         return {"logp": torch.stack(list(feats))}
 
     def key(self) -> dict:
-        d = self.root / "models"
-        return {
-            "family": "ensemble",
-            "members": {
-                m: {
-                    "model": sha256_file(d / m / "model.safetensors"),
-                    "calibration": sha256_file(d / m / "calibration.json"),
-                }
-                for m in self.members
-            },
-        }
+        # Members do not change while this process runs: hash their (large) weights once.
+        if self._key is None:
+            d = self.root / "models"
+            self._key = {
+                "family": "ensemble",
+                "members": {
+                    m: {
+                        "model": sha256_file(d / m / "model.safetensors"),
+                        "calibration": sha256_file(d / m / "calibration.json"),
+                    }
+                    for m in self.members
+                },
+            }
+        return self._key
 
     def config(self) -> dict:
         return {"members": self.members}
