@@ -21,7 +21,8 @@ import pytest
 import torch
 import uvicorn
 
-from reprogate.serve import create_app, load
+from reprogate.inference import load_servable as load
+from reprogate.serve import create_app
 
 ROOT = Path(__file__).resolve().parents[1]
 QUERY = "I am still waiting on my card, it has been two weeks"

@@ -106,48 +106,19 @@ def _read_inputs(args: argparse.Namespace) -> list[str]:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    import time
+    from reprogate.inference import load_servable
 
-    from reprogate.inference import Policy, Scorer, prediction, probabilities
-    from reprogate.stages.gate import production
-
-    root = find_root(Path.cwd())
-    if args.model:
-        model_dir = Path(args.model)
-    else:
-        prod = production(root)
-        if prod is None:
-            raise UserError(
-                "no model is in production yet (models/production.json); run `reprogate promote` "
-                "after a passing gate, or pass --model models/NAME."
-            )
-        model_dir = root / "models" / prod["model"]
     texts = _read_inputs(args)
     if not texts:
         raise UserError("nothing to predict: give one or more texts, or --input FILE.")
     empty = [i for i, t in enumerate(texts, 1) if not t.strip()]
     if empty:
         raise UserError(f"query {empty[0]} is empty; every query needs some text.")
-    if not (model_dir / "calibration.json").is_file():
-        raise UserError(
-            f"{model_dir}: no calibration.json; run `dvc repro calibrate@{model_dir.name}` first."
-        )
-    scorer = Scorer(root, model_dir.name, model_dir)
-    policy = Policy.load(model_dir / "calibration.json")
-    version = f"{model_dir.name}@{scorer.fingerprint['spec_hash'][:12]}"
-    scorer.text_logits(["warm up"])  # so latency_ms measures a warm query, not lazy start-up
+    loaded = load_servable(find_root(Path.cwd()), Path(args.model) if args.model else None)
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout  # noqa: SIM115
     try:
-        for text in texts:
-            start = time.perf_counter()
-            probs = probabilities(scorer.text_logits([text]), policy.temperature)[0]
-            obj = {
-                "text": text,
-                **prediction(probs, scorer.labels, policy, scorer.oos_index),
-                "model_version": version,
-                "latency_ms": round((time.perf_counter() - start) * 1000, 3),
-            }
-            out.write(json.dumps(obj, ensure_ascii=False) + "\n")
+        for text in texts:  # one at a time, so latency_ms is each query's own
+            out.write(json.dumps(loaded.predict([text])[0], ensure_ascii=False) + "\n")
     finally:
         if out is not sys.stdout:
             out.close()

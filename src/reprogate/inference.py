@@ -6,6 +6,7 @@ probabilities.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,9 @@ import torch
 from safetensors.torch import load_file
 
 from reprogate.errors import UserError
+from reprogate.hashing import sha256_file
 from reprogate.specs import ModelSpec
+from reprogate.stages.gate import PRODUCTION
 from reprogate.trainer import OOS_LABEL
 
 N_BINS = 15
@@ -205,3 +208,66 @@ def prediction(
         "route": "review" if reasons else "act",
         "reasons": reasons,
     }
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """One servable model: never mutated, so a request can keep using it after a swap."""
+
+    name: str
+    version: str
+    scorer: Any
+    policy: Any
+    record: dict[str, Any]
+    source_sha256: str | None
+
+    def predict(self, texts: list[str]) -> list[dict[str, Any]]:
+        start = time.perf_counter()
+        probs = probabilities(self.scorer.text_logits(texts), self.policy.temperature)
+        ms = round((time.perf_counter() - start) * 1000, 3)
+        return [
+            {
+                "text": t,
+                **prediction(p, self.scorer.labels, self.policy, self.scorer.oos_index),
+                "model_version": self.version,
+                "latency_ms": ms,
+            }
+            for t, p in zip(texts, probs, strict=True)
+        ]
+
+
+def production_sha256(root: Path) -> str | None:
+    """Identity of models/production.json as it is now (None when absent)."""
+    path = root / PRODUCTION
+    return sha256_file(path) if path.is_file() else None
+
+
+def load_servable(root: Path, model_dir: Path | None = None) -> Loaded:
+    """The production model (or `model_dir`) with its calibration, loaded and warmed up.
+    Used by `reprogate predict` and `reprogate serve`."""
+    record: dict[str, Any] = {}
+    source = None
+    if model_dir is None:
+        source = production_sha256(root)
+        record = json.loads((root / PRODUCTION).read_text()) if source else {}
+        if not record.get("model"):
+            raise UserError(
+                f"{root / PRODUCTION}: no model in production yet; run `reprogate promote` after a "
+                "passing gate, or pass --model models/NAME."
+            )
+        model_dir = root / "models" / record["model"]
+    if not (model_dir / "calibration.json").is_file():
+        raise UserError(
+            f"{model_dir}: no calibration.json; run `dvc repro calibrate@{model_dir.name}` first."
+        )
+    scorer = Scorer(root, model_dir.name, model_dir)
+    loaded = Loaded(
+        name=model_dir.name,
+        version=record.get("model_version") or f"{model_dir.name}@{scorer.fingerprint['spec_hash'][:12]}",
+        scorer=scorer,
+        policy=Policy.load(model_dir / "calibration.json"),
+        record=record,
+        source_sha256=source,
+    )
+    loaded.predict(["warm up"])  # first-call costs (allocations, lazy imports) happen here
+    return loaded

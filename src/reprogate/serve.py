@@ -14,12 +14,9 @@ request is a 4xx with a message, never a 500, and the server keeps answering.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -29,9 +26,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from reprogate.errors import UserError
-from reprogate.hashing import sha256_file
-from reprogate.stages.gate import PRODUCTION
+from reprogate.inference import load_servable as load
+from reprogate.inference import production_sha256
 
 MAX_TEXT_CHARS = 1000
 MAX_BATCH = 64
@@ -81,67 +77,6 @@ class ErrorResponse(BaseModel):
     details: list[dict[str, Any]] = []
 
 
-@dataclass(frozen=True)
-class Loaded:
-    """One servable model: never mutated, so a request can keep using it after a swap."""
-
-    name: str
-    version: str
-    scorer: Any
-    policy: Any
-    record: dict[str, Any]
-    source_sha256: str | None
-
-    def predict(self, texts: list[str]) -> list[dict[str, Any]]:
-        from reprogate.inference import prediction, probabilities
-
-        start = time.perf_counter()
-        probs = probabilities(self.scorer.text_logits(texts), self.policy.temperature)
-        ms = round((time.perf_counter() - start) * 1000, 3)
-        return [
-            {
-                "text": t,
-                **prediction(p, self.scorer.labels, self.policy, self.scorer.oos_index),
-                "model_version": self.version,
-                "latency_ms": ms,
-            }
-            for t, p in zip(texts, probs, strict=True)
-        ]
-
-
-def _sha(path: Path) -> str | None:
-    return sha256_file(path) if path.is_file() else None
-
-
-def load(root: Path, model_dir: Path | None = None) -> Loaded:
-    from reprogate.inference import Policy, Scorer
-
-    record: dict[str, Any] = {}
-    source = None
-    if model_dir is None:
-        source = _sha(root / PRODUCTION)
-        record = json.loads((root / PRODUCTION).read_text()) if source else {}
-        if not record.get("model"):
-            raise UserError(
-                f"{root / PRODUCTION}: no model in production; run `reprogate promote` after a passing "
-                "gate, or serve a folder with --model models/NAME."
-            )
-        model_dir = root / "models" / record["model"]
-    if not (model_dir / "calibration.json").is_file():
-        raise UserError(f"{model_dir}: not a calibrated model folder (no calibration.json).")
-    scorer = Scorer(root, model_dir.name, model_dir)
-    loaded = Loaded(
-        name=model_dir.name,
-        version=record.get("model_version") or f"{model_dir.name}@{scorer.fingerprint['spec_hash'][:12]}",
-        scorer=scorer,
-        policy=Policy.load(model_dir / "calibration.json"),
-        record=record,
-        source_sha256=source,
-    )
-    loaded.predict(["warm up"])  # first-call costs (allocations, lazy imports) happen here
-    return loaded
-
-
 class Holder:
     """The model being served, and the watcher that swaps in a newly promoted one."""
 
@@ -155,7 +90,7 @@ class Holder:
 
     def check(self) -> bool:
         """Reload when production.json changed; True when a new model was swapped in."""
-        sha = _sha(self.root / PRODUCTION)
+        sha = production_sha256(self.root)
         if sha is None or sha == self.current.source_sha256:
             return False
         try:
