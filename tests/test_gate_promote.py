@@ -14,7 +14,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reprogate.inference import ece, fit_policy, fit_temperature, probabilities
+from reprogate.inference import ece, fit_policy, fit_temperature, probabilities, upper_bound
 from reprogate.specs import GateSpec
 from reprogate.stages import gate
 from tests.conftest import BIN, REPO, TINY_NGRAM, copy_project, run_cli, write_model_spec
@@ -47,6 +47,33 @@ def test_routing_policy_never_breaks_its_limits_on_the_data_it_was_fitted_on(see
         assert ((pred != gold) & act).sum() / act.sum() <= wrong_max + 1e-12
     o2 = np.sort(oos, 1)
     assert ((oos.max(1) >= p["threshold"]) & (o2[:, -1] - o2[:, -2] >= p["margin"])).mean() <= fp_max + 1e-12
+
+
+def test_upper_bound_matches_clopper_pearson():
+    # Zero errors in n: the bound has the closed form 1 - (1 - confidence) ** (1 / n).
+    assert upper_bound(0, 100, 0.9) == pytest.approx(1 - 0.1 ** (1 / 100))
+    assert upper_bound(7, 500, 0.0) == 7 / 500
+    assert upper_bound(7, 500, 0.9) > 7 / 500 > upper_bound(7, 5000, 0.9) - 0.01
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), confidence=st.sampled_from([0.5, 0.8, 0.9, 0.95]))
+def test_bounded_policy_is_certified_and_never_covers_more_than_the_point_policy(seed, confidence):
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(0, 3, (800, 8))
+    cal = torch.softmax(torch.from_numpy(logits), -1).numpy()
+    gold = np.where(rng.random(800) < 0.9, cal.argmax(1), rng.integers(0, 8, 800))
+    oos = rng.dirichlet(np.ones(8) * 0.2, 20)  # too few to show 2% at any of these confidences
+    point = fit_policy(cal, gold, oos, None, 0.02, 0.02)
+    bounded = fit_policy(cal, gold, oos, None, 0.02, 0.02, confidence)
+    assert bounded["coverage"] <= point["coverage"]
+    assert bounded["bound_confidence"] == {"wrong_action_rate": confidence, "false_positive_action_rate": 0.0}
+    if bounded["coverage"] > 0:
+        act = (cal.max(1) >= bounded["threshold"]) & (
+            np.diff(np.sort(cal, 1)[:, -2:], axis=1)[:, 0] >= bounded["margin"]
+        )
+        wrong = int(((cal.argmax(1) != gold) & act).sum())
+        assert upper_bound(wrong, int(act.sum()), confidence) <= 0.02
 
 
 def _eval(acc: float, fp: float, wrong: float = 0.01, ece_after: float = 0.03) -> dict:

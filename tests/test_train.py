@@ -261,3 +261,31 @@ def test_resume_under_new_packages_warns_and_records(project):
     assert "warning: resuming under a changed environment" in log
     m = json.loads((work / "metrics" / "train.json").read_text())
     assert m["resumed_from_step"] == 3 and m["environment_changes"]["torch"][0] == "2.0.0"
+
+
+def test_frozen_features_pool_the_last_layers_each_normalised(project):
+    from reprogate import models
+    from reprogate.specs import ModelSpec, load_spec
+
+    def featurizer(name: str, **encoder):
+        spec = _encoder_spec("frozen")
+        spec["encoder"].update(encoder)
+        path = write_model_spec(project, name, spec)
+        return models.build(load_spec(path, ModelSpec), 3, project)
+
+    texts = ["my card has not arrived", "what is the exchange rate", "hi"]
+    head, deep = featurizer("deep", layers=4, normalize=True)
+    _, plain = featurizer("plain", normalize=True)
+    emb = deep.encode(texts)
+    assert emb.shape == (3, 4 * 384) and head.head.in_features == 4 * 384
+    blocks = emb.view(3, 4, 384)
+    assert torch.allclose(blocks.norm(dim=-1), torch.ones(3, 4), atol=1e-5)
+    assert torch.allclose(blocks[:, -1], plain.encode(texts), atol=1e-5)  # last block = last layer
+    assert models.feature_key(deep) != models.feature_key(plain)  # a cached split is not reused
+
+    spec = _encoder_spec("frozen")
+    spec["encoder"]["layers"] = 7
+    write_model_spec(project, "too_deep", spec)
+    proc = run_cli("stage", "features", "too_deep", cwd=project)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "encoder.layers: 7" in proc.stderr and "use a value from 1 to 6" in proc.stderr

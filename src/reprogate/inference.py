@@ -113,6 +113,23 @@ def act_mask(probs: np.ndarray, policy: Policy, oos_index: int | None) -> np.nda
     return act
 
 
+def upper_bound(errors: int, n: int, confidence: float) -> float:
+    """One-sided Clopper-Pearson upper bound of a rate seen as errors/n (the point estimate
+    when confidence is 0)."""
+    if n == 0:
+        return 0.0
+    if confidence == 0 or errors >= n:
+        return errors / n
+    from scipy.stats import beta
+
+    return float(beta.ppf(confidence, errors + 1, n - errors))
+
+
+def certifiable(n: int, limit: float, confidence: float) -> bool:
+    """Whether n queries can show a rate below `limit` at `confidence` at all (zero errors)."""
+    return confidence > 0 and upper_bound(0, n, confidence) <= limit
+
+
 def fit_policy(
     cal_probs: np.ndarray,
     cal_gold: np.ndarray,
@@ -120,33 +137,47 @@ def fit_policy(
     oos_index: int | None,
     wrong_max: float,
     fp_max: float,
+    confidence: float = 0.0,
 ) -> dict[str, Any]:
     """The (threshold, margin) with the most coverage on the calibration partition whose
     wrong-action rate there and false-positive action rate on the out-of-scope queries meet
-    the gate's limits. Ties go to the stricter policy."""
+    the gate's limits. Ties go to the stricter policy.
+
+    With `confidence` > 0 a limit must hold for the one-sided Clopper-Pearson upper bound of
+    the rate, not just the rate seen: the best of many candidate policies is chosen exactly
+    where its sampled rate dips below the limit, so the seen rate flatters it on new data.
+    A set too small to show the limit even with zero errors (100 out-of-scope queries cannot
+    show 1% at 90%) is held to its point estimate instead, and the result says so."""
     pred, conf, margin = confidence_margin(cal_probs)
     correct = pred == cal_gold
     _, oconf, omargin = confidence_margin(oos_probs) if len(oos_probs) else (None, np.zeros(0), np.zeros(0))
     opred = oos_probs.argmax(1) if len(oos_probs) else np.zeros(0, dtype=int)
     in_ok = np.ones_like(correct) if oos_index is None else pred != oos_index
     out_ok = np.ones(len(oconf), bool) if oos_index is None else opred != oos_index
+    wrong_conf = confidence if certifiable(len(conf), wrong_max, confidence) else 0.0
+    fp_conf = confidence if certifiable(len(oconf), fp_max, confidence) else 0.0
     thresholds = np.unique(np.concatenate([np.round(np.linspace(0, 1, 201), 4), conf, oconf]))
     best = None
     for m in np.round(np.linspace(0.0, 0.5, 26), 4):
         for t in thresholds:
             act = (conf >= t) & (margin >= m) & in_ok
-            n_act = int(act.sum())
-            wrong = float((act & ~correct).sum() / n_act) if n_act else 0.0
-            fp = float(((oconf >= t) & (omargin >= m) & out_ok).mean()) if len(oconf) else 0.0
-            if wrong <= wrong_max and fp <= fp_max:
+            n_act, n_wrong = int(act.sum()), int((act & ~correct).sum())
+            n_fp = int(((oconf >= t) & (omargin >= m) & out_ok).sum())
+            if n_wrong > wrong_max * n_act or n_fp > fp_max * len(oconf):
+                continue  # the seen rate already breaks a limit; its bound can only be higher
+            wrong_bound = upper_bound(n_wrong, n_act, wrong_conf)
+            fp_bound = upper_bound(n_fp, len(oconf), fp_conf)
+            if wrong_bound <= wrong_max and fp_bound <= fp_max:
                 cov = n_act / len(conf)
                 if best is None or cov > best["coverage"] + 1e-12:
                     best = {
                         "threshold": float(t),
                         "margin": float(m),
                         "coverage": cov,
-                        "wrong_action_rate": wrong,
-                        "false_positive_action_rate": fp,
+                        "wrong_action_rate": n_wrong / n_act if n_act else 0.0,
+                        "wrong_action_rate_bound": wrong_bound,
+                        "false_positive_action_rate": n_fp / len(oconf) if len(oconf) else 0.0,
+                        "false_positive_action_rate_bound": fp_bound,
                     }
                 break  # higher thresholds at this margin only lose coverage
     if best is None:
@@ -158,6 +189,7 @@ def fit_policy(
             "false_positive_action_rate": 0.0,
             "note": "no policy meets the limits: nothing is acted on",
         }
+    best["bound_confidence"] = {"wrong_action_rate": wrong_conf, "false_positive_action_rate": fp_conf}
     return best
 
 

@@ -253,6 +253,12 @@ class EncoderConfig(Strict):
     )
     mode: Literal["full", "frozen", "lora"] = "full"
     pooling: Literal["mean", "cls"] = "mean"
+    layers: PosInt = Field(
+        1,
+        description="Pool each of the last N hidden layers and concatenate them (the head "
+        "input grows N-fold). Lower layers carry lexical detail the last one smooths away.",
+    )
+    normalize: bool = Field(False, description="L2-normalise each pooled layer before it reaches the head.")
     max_length: PosInt = 64
     lora: LoraConfig | None = None
 
@@ -483,10 +489,23 @@ class ProductionComparison(Strict):
     seed: int = 0
 
 
+class PolicyFit(Strict):
+    confidence: float = Field(
+        0.9,
+        ge=0.0,
+        lt=1.0,
+        description="calibrate@m picks the routing policy whose wrong-action and false-positive "
+        "limits hold for the one-sided Clopper-Pearson upper bound at this confidence on the "
+        "calibration data (0: the rates seen). A set too small to show its limit even with no "
+        "error is held to the rate seen, and calibration.json records which applied.",
+    )
+
+
 class GateSpec(Strict):
     kind: Literal["gate"]
     description: str = ""
     thresholds: Thresholds = Thresholds()
+    policy_fit: PolicyFit = PolicyFit()
     compare_to_production: ProductionComparison = ProductionComparison()
 
 

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 from tqdm import tqdm
 
+from reprogate.errors import UserError
 from reprogate.models import ragged_to_tensors, tensors_to_ragged
 from reprogate.specs import ModelSpec, resolve_encoder_path
 
@@ -24,6 +26,27 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tensor
         return hidden[:, 0]
     m = mask.unsqueeze(-1).to(hidden.dtype)
     return (hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
+
+
+class Pooler:
+    """The head's input: each of the last `layers` hidden layers pooled, optionally
+    L2-normalised, and concatenated (layers=1, normalize=False is the plain pooled output)."""
+
+    def __init__(self, pooling: str, layers: int, normalize: bool):
+        self.pooling, self.layers, self.normalize = pooling, layers, normalize
+
+    def __call__(self, encoder: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        out = encoder(
+            input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=self.layers > 1
+        )
+        hidden = out.hidden_states[-self.layers :] if self.layers > 1 else (out.last_hidden_state,)
+        pooled = [pool(h, attention_mask, self.pooling) for h in hidden]
+        if self.normalize:
+            pooled = [F.normalize(p, dim=-1) for p in pooled]
+        return torch.cat(pooled, dim=-1)
+
+    def key(self) -> dict:
+        return {"pooling": self.pooling, "layers": self.layers, "normalize": self.normalize}
 
 
 class TokenFeaturizer:
@@ -69,16 +92,16 @@ class TokenFeaturizer:
 class EmbeddingFeaturizer(TokenFeaturizer):
     """Pooled embeddings of a frozen encoder (frozen mode)."""
 
-    def __init__(self, tokenizer, max_length: int, source: str, encoder: nn.Module, pooling: str):
+    def __init__(self, tokenizer, max_length: int, source: str, encoder: nn.Module, pooler: Pooler):
         super().__init__(tokenizer, max_length, source)
-        self.encoder, self.pooling = encoder.eval(), pooling
+        self.encoder, self.pooler = encoder.eval(), pooler
         self.encoder.requires_grad_(False)
 
     def encode(self, texts: list[str], batch: int = 64) -> torch.Tensor:
         ids = super().encode(texts)
         # Sorting by length keeps padding small; results go back to the input order.
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-        out = torch.empty((len(ids), self.encoder.config.hidden_size))
+        out = torch.empty((len(ids), self.encoder.config.hidden_size * self.pooler.layers))
         device = next(self.encoder.parameters()).device
         with torch.inference_mode():
             for s in tqdm(
@@ -90,15 +113,16 @@ class EmbeddingFeaturizer(TokenFeaturizer):
             ):
                 idx = order[s : s + batch]
                 b = {k: v.to(device) for k, v in super().collate([ids[i] for i in idx]).items()}
-                hidden = self.encoder(**b).last_hidden_state
-                out[idx] = pool(hidden, b["attention_mask"], self.pooling).float().cpu()
+                out[idx] = self.pooler(self.encoder, **b).float().cpu()
         return out
 
     def collate(self, feats) -> dict[str, torch.Tensor]:
         return {"embedding": torch.stack(list(feats))}
 
     def key(self) -> dict:
-        return {**super().key(), "kind": "embedding", "pooling": self.pooling}
+        # layers=1/normalize=False keep the old key, so existing feature caches stay valid.
+        extra = {} if (self.pooler.layers, self.pooler.normalize) == (1, False) else self.pooler.key()
+        return {**super().key(), "kind": "embedding", "pooling": self.pooler.pooling, **extra}
 
     def to_tensors(self, feats: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"embedding": feats}
@@ -108,15 +132,14 @@ class EmbeddingFeaturizer(TokenFeaturizer):
 
 
 class EncoderClassifier(nn.Module):
-    def __init__(self, encoder: nn.Module, n_out: int, pooling: str, dropout: float):
+    def __init__(self, encoder: nn.Module, n_out: int, pooler: Pooler, dropout: float):
         super().__init__()
-        self.encoder, self.pooling = encoder, pooling
+        self.encoder, self.pooler = encoder, pooler
         self.dropout = nn.Dropout(dropout)
-        self.head = nn.Linear(encoder.config.hidden_size, n_out)
+        self.head = nn.Linear(encoder.config.hidden_size * pooler.layers, n_out)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        return self.head(self.dropout(pool(hidden, attention_mask, self.pooling)))
+        return self.head(self.dropout(self.pooler(self.encoder, input_ids, attention_mask)))
 
 
 class HeadOnly(nn.Module):
@@ -157,10 +180,18 @@ def build(spec: ModelSpec, n_out: int, root: Path):
     cfg = spec.encoder
     assert cfg is not None
     encoder, tokenizer = _load_encoder(resolve_encoder_path(cfg.model, root))
+    depth = encoder.config.num_hidden_layers
+    if cfg.layers > depth:
+        raise UserError(
+            f"model spec field encoder.layers: {cfg.layers} asks for more layers than "
+            f"{cfg.model} has ({depth} hidden layers); use a value from 1 to {depth}."
+        )
+    pooler = Pooler(cfg.pooling, cfg.layers, cfg.normalize)
+    width = encoder.config.hidden_size * cfg.layers
     if cfg.mode == "frozen":
-        feat = EmbeddingFeaturizer(tokenizer, cfg.max_length, cfg.model, encoder, cfg.pooling)
-        return HeadOnly(encoder.config.hidden_size, n_out, spec.head.dropout), feat
+        feat = EmbeddingFeaturizer(tokenizer, cfg.max_length, cfg.model, encoder, pooler)
+        return HeadOnly(width, n_out, spec.head.dropout), feat
     if cfg.mode == "lora":
         encoder = _lora(encoder, cfg.lora.model_dump())
-    model = EncoderClassifier(encoder, n_out, cfg.pooling, spec.head.dropout)
+    model = EncoderClassifier(encoder, n_out, pooler, spec.head.dropout)
     return model, TokenFeaturizer(tokenizer, cfg.max_length, cfg.model)

@@ -4,7 +4,8 @@ The temperature minimises the negative log-likelihood of the calibration partiti
 out of train by `prepare`, never seen in training). The routing policy, a confidence
 threshold and a top-1/top-2 margin, is the one with the most coverage on the calibration
 partition whose wrong-action rate there and false-positive action rate on the data spec's
-out-of-scope sets marked `use: calibrate` (CLINC150 oos_val) meet the gate's limits.
+out-of-scope sets marked `use: calibrate` (CLINC150 oos_val) meet the gate's limits, with
+an upper confidence bound (gate spec `policy_fit.confidence`) where the data can show one.
 The test set and the evaluation-only sets are never read here.
 """
 
@@ -48,6 +49,7 @@ def run(root: Path, name: str, gate_path: Path) -> dict[str, Any]:
         scorer.oos_index,
         limits.wrong_action_rate_max,
         limits.false_positive_action_rate_max,
+        gate.policy_fit.confidence,
     )
     nll = lambda p: float(-np.log(np.clip(p[np.arange(len(gold)), gold], 1e-12, None)).mean())  # noqa: E731
     result = {
@@ -61,6 +63,7 @@ def run(root: Path, name: str, gate_path: Path) -> dict[str, Any]:
         "limits": {
             "wrong_action_rate_max": limits.wrong_action_rate_max,
             "false_positive_action_rate_max": limits.false_positive_action_rate_max,
+            "bound_confidence": policy.pop("bound_confidence"),
         },
         "on_calibration_data": {
             "nll_before": nll(before),
