@@ -14,7 +14,14 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reprogate.inference import ece, fit_policy, fit_temperature, probabilities, upper_bound
+from reprogate.inference import (
+    ece,
+    fit_policy,
+    fit_temperature,
+    model_version,
+    probabilities,
+    upper_bound,
+)
 from reprogate.specs import GateSpec
 from reprogate.stages import gate
 from tests.conftest import BIN, REPO, TINY_NGRAM, copy_project, run_cli, write_model_spec
@@ -74,6 +81,21 @@ def test_bounded_policy_is_certified_and_never_covers_more_than_the_point_policy
         )
         wrong = int(((cal.argmax(1) != gold) & act).sum())
         assert upper_bound(wrong, int(act.sum()), confidence) <= 0.02
+
+
+def test_model_version_follows_the_weights_and_an_ensembles_members(tmp_path):
+    from safetensors.torch import save_file
+
+    d = tmp_path / "ens"
+    d.mkdir()
+    save_file({"w": torch.ones(3)}, str(d / "model.safetensors"))
+    (d / "fingerprint.json").write_text(json.dumps({"spec_hash": "same", "members": {"a": "1"}}))
+    first = model_version(d)
+    (d / "fingerprint.json").write_text(json.dumps({"spec_hash": "same", "members": {"a": "2"}}))
+    second = model_version(d)
+    save_file({"w": torch.zeros(3)}, str(d / "model.safetensors"))
+    third = model_version(d)
+    assert first.startswith("ens@") and len({first, second, third}) == 3
 
 
 def _eval(acc: float, fp: float, wrong: float = 0.01, ece_after: float = 0.03) -> dict:

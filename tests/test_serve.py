@@ -14,6 +14,7 @@ import pytest
 import uvicorn
 from fastapi.testclient import TestClient
 
+from reprogate.inference import model_version
 from reprogate.serve import MAX_BATCH, MAX_BODY_BYTES, MAX_TEXT_CHARS, create_app
 from reprogate.stages import calibrate, train
 from tests.conftest import TINY_NGRAM, make_home_project, write_model_spec
@@ -21,10 +22,9 @@ from tests.conftest import TINY_NGRAM, make_home_project, write_model_spec
 
 def _promote_by_hand(root: Path, name: str) -> None:
     """What `reprogate promote` writes (the parts the server reads), without git."""
-    fp = json.loads((root / "models" / name / "fingerprint.json").read_text())
     record = {
         "model": name,
-        "model_version": f"{name}@{fp['spec_hash'][:12]}",
+        "model_version": model_version(root / "models" / name),
         "code_commit": "test",
         "data_sha256": {"train": "x"},
     }

@@ -5,6 +5,7 @@ probabilities.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -268,6 +269,16 @@ class Loaded:
         ]
 
 
+def model_version(model_dir: Path) -> str:
+    """NAME@<12 hex> of the trained weights (an ensemble's folded with its members'), so two
+    different models never share a version because they share a spec."""
+    digest = hashlib.sha256(sha256_file(model_dir / "model.safetensors").encode())
+    members = json.loads((model_dir / "fingerprint.json").read_text()).get("members")
+    if members:
+        digest.update(json.dumps(members, sort_keys=True).encode())
+    return f"{model_dir.name}@{digest.hexdigest()[:12]}"
+
+
 def production_sha256(root: Path) -> str | None:
     """Identity of models/production.json as it is now (None when absent)."""
     path = root / PRODUCTION
@@ -295,7 +306,7 @@ def load_servable(root: Path, model_dir: Path | None = None) -> Loaded:
     scorer = Scorer(root, model_dir.name, model_dir)
     loaded = Loaded(
         name=model_dir.name,
-        version=record.get("model_version") or f"{model_dir.name}@{scorer.fingerprint['spec_hash'][:12]}",
+        version=record.get("model_version") or model_version(model_dir),
         scorer=scorer,
         policy=Policy.load(model_dir / "calibration.json"),
         record=record,

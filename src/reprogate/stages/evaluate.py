@@ -15,7 +15,16 @@ from typing import Any
 
 import numpy as np
 
-from reprogate.inference import Policy, Scorer, act_mask, confidence_margin, ece, prediction, probabilities
+from reprogate.inference import (
+    Policy,
+    Scorer,
+    act_mask,
+    confidence_margin,
+    ece,
+    model_version,
+    prediction,
+    probabilities,
+)
 from reprogate.specs import DataSpec, load_spec
 from reprogate.trainer import read_jsonl
 
@@ -67,7 +76,7 @@ def run(root: Path, name: str) -> dict[str, Any]:
     labels, oos = scorer.labels, scorer.oos_index
     n_labels = len(data.labels)
     index = {lbl: i for i, lbl in enumerate(labels)}
-    version = f"{name}@{scorer.fingerprint['spec_hash'][:12]}"
+    version = model_version(scorer.dir)
 
     pred_dir = root / "predictions" / name
     if pred_dir.exists():
