@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: venv repro test lint lock bench clean
+.PHONY: venv repro test lint lock bench bench-pipeline clean
 
 # Rebuilt whenever the lock or the project metadata changes.
 $(VENV)/.installed: requirements.lock pyproject.toml
@@ -40,6 +40,10 @@ lint: venv
 bench: venv
 	python bench/train_bench.py
 	python -m pytest bench -q -s --benchmark-enable --benchmark-columns=median,mean,max,rounds
+
+# The default pipeline from nothing to gate in a fresh clone of HEAD, against the issue's targets.
+bench-pipeline: venv
+	python bench/pipeline_bench.py
 
 lock: venv
 	{ head -3 requirements.lock; python -m pip freeze --exclude-editable | sed 's/^torch==\(.*\)+cpu$$/torch==\1/'; } > requirements.lock.new
