@@ -196,10 +196,15 @@ def _encoder_spec(mode: str) -> dict:
     }
 
 
-@pytest.mark.parametrize("mode", ["full", "lora", "frozen"])
-def test_encoder_resumes_bitwise_identically(project, mode):
-    name = f"enc_{mode}"
-    spec = write_model_spec(project, name, _encoder_spec(mode))
+@pytest.mark.parametrize(
+    ("mode", "pooling"),
+    [("full", {}), ("lora", {}), ("frozen", {}), ("full", {"layers": 2, "normalize": True})],
+)
+def test_encoder_resumes_bitwise_identically(project, mode, pooling):
+    name = f"enc_{mode}{len(pooling)}"
+    spec = _encoder_spec(mode)
+    spec["encoder"].update(pooling)
+    spec = write_model_spec(project, name, spec)
     ref = project / "work" / name / "reference"
     ref.mkdir(parents=True)
     resume_check.run_child(project, name, spec, ref)
