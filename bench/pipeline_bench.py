@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
+from reprogate.fetch import mirror_dirs
 
 ROOT = Path(__file__).resolve().parents[1]
 WALL_TARGET_S = 300.0
@@ -33,13 +33,6 @@ QUALITY_TARGETS = [
 ]
 
 
-def mirror() -> str:
-    if os.environ.get("REPROGATE_MIRROR"):
-        return os.environ["REPROGATE_MIRROR"]
-    configured = yaml.safe_load((ROOT / "params.yaml").read_text()).get("mirror", "")
-    return str((ROOT / configured).resolve()) if configured else ""
-
-
 def quality(clone: Path, name: str) -> list[float]:
     sets = json.loads((clone / "metrics" / name / "eval.json").read_text())["sets"]
     test = sets["test"]
@@ -48,7 +41,7 @@ def quality(clone: Path, name: str) -> list[float]:
 
 
 def main() -> None:
-    env = dict(os.environ, REPROGATE_MIRROR=mirror())
+    env = dict(os.environ, REPROGATE_MIRROR=os.pathsep.join(map(str, mirror_dirs(ROOT))))
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     with tempfile.TemporaryDirectory(prefix="pipeline-bench-") as tmp:
         clone = Path(tmp) / "repo"

@@ -45,6 +45,9 @@ class Pooler:
             pooled = [F.normalize(p, dim=-1) for p in pooled]
         return torch.cat(pooled, dim=-1)
 
+    def width(self, encoder: nn.Module) -> int:
+        return encoder.config.hidden_size * self.layers
+
     def key(self) -> dict:
         return {"pooling": self.pooling, "layers": self.layers, "normalize": self.normalize}
 
@@ -101,7 +104,7 @@ class EmbeddingFeaturizer(TokenFeaturizer):
         ids = super().encode(texts)
         # Sorting by length keeps padding small; results go back to the input order.
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-        out = torch.empty((len(ids), self.encoder.config.hidden_size * self.pooler.layers))
+        out = torch.empty((len(ids), self.pooler.width(self.encoder)))
         device = next(self.encoder.parameters()).device
         with torch.inference_mode():
             for s in tqdm(
@@ -120,9 +123,7 @@ class EmbeddingFeaturizer(TokenFeaturizer):
         return {"embedding": torch.stack(list(feats))}
 
     def key(self) -> dict:
-        # layers=1/normalize=False keep the old key, so existing feature caches stay valid.
-        extra = {} if (self.pooler.layers, self.pooler.normalize) == (1, False) else self.pooler.key()
-        return {**super().key(), "kind": "embedding", "pooling": self.pooler.pooling, **extra}
+        return {**super().key(), "kind": "embedding", **self.pooler.key()}
 
     def to_tensors(self, feats: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"embedding": feats}
@@ -136,7 +137,7 @@ class EncoderClassifier(nn.Module):
         super().__init__()
         self.encoder, self.pooler = encoder, pooler
         self.dropout = nn.Dropout(dropout)
-        self.head = nn.Linear(encoder.config.hidden_size * pooler.layers, n_out)
+        self.head = nn.Linear(pooler.width(encoder), n_out)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.head(self.dropout(self.pooler(self.encoder, input_ids, attention_mask)))
@@ -187,10 +188,9 @@ def build(spec: ModelSpec, n_out: int, root: Path):
             f"{cfg.model} has ({depth} hidden layers); use a value from 1 to {depth}."
         )
     pooler = Pooler(cfg.pooling, cfg.layers, cfg.normalize)
-    width = encoder.config.hidden_size * cfg.layers
     if cfg.mode == "frozen":
         feat = EmbeddingFeaturizer(tokenizer, cfg.max_length, cfg.model, encoder, pooler)
-        return HeadOnly(width, n_out, spec.head.dropout), feat
+        return HeadOnly(pooler.width(encoder), n_out, spec.head.dropout), feat
     if cfg.mode == "lora":
         encoder = _lora(encoder, cfg.lora.model_dump())
     model = EncoderClassifier(encoder, n_out, pooler, spec.head.dropout)
