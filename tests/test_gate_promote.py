@@ -25,7 +25,7 @@ from reprogate.inference import (
     upper_bound,
 )
 from reprogate.specs import GateSpec
-from reprogate.stages import gate
+from reprogate.stages import calibrate, gate
 from tests.conftest import BIN, REPO, TINY_NGRAM, copy_project, run_cli, write_model_spec
 
 
@@ -149,6 +149,41 @@ def test_candidate_worse_than_production_beyond_its_interval_fails():
         for r in gate.judge("new", _eval(0.945, 0.0), {"passed": True}, GateSpec(kind="gate"), prod)
     }
     assert rules["not_worse_than_production"]["verdict"] == "pass"  # within the interval
+
+
+def test_production_measured_on_other_heldout_data_is_not_compared():
+    prod = {
+        "model": "old",
+        "model_version": "old@1",
+        "heldout_accuracy": 0.80,
+        "data_sha256": {"test": "a" * 64},
+    }
+    ev = _eval(0.93, 0.0)
+    ev["sets"]["test"]["data_sha256"] = "b" * 64
+    rule = {r["rule"]: r for r in gate.judge("new", ev, {"passed": True}, GateSpec(kind="gate"), prod)}[
+        "not_worse_than_production"
+    ]
+    # Higher accuracy, but on another test set: a failed rule that says why and what to do.
+    assert rule["verdict"] == "fail"
+    assert "another held-out set" in rule["note"] and "compare_to_production.enabled" in rule["note"]
+    ev["sets"]["test"]["data_sha256"] = "a" * 64
+    rules = {r["rule"]: r for r in gate.judge("new", ev, {"passed": True}, GateSpec(kind="gate"), prod)}
+    assert rules["not_worse_than_production"]["verdict"] == "pass"
+
+
+def test_calibrate_says_when_the_false_positive_limit_is_only_an_estimate():
+    r = {
+        "temperature": 1.2,
+        "policy": {"threshold": 0.9, "margin": 0.1},
+        "fitted_on": {"out_of_scope_rows": 100},
+        "limits": {"bound_confidence": {"false_positive_action_rate": 0.0, "wrong_action_rate": 0.9}},
+        "on_calibration_data": {"ece_before": 0.05, "ece_after": 0.01, "coverage": 0.8},
+    }
+    assert "seen on 100 out-of-scope queries, too few for a confidence bound" in calibrate.summary("m", r)
+    r["limits"]["bound_confidence"]["false_positive_action_rate"] = 0.9
+    assert "too few" not in calibrate.summary("m", r)
+    r["fitted_on"]["out_of_scope_rows"] = 0
+    assert "false-positive limit was not fitted" in calibrate.summary("m", r)
 
 
 def test_failed_resume_check_or_missing_metrics_fail_the_gate():

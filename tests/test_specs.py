@@ -105,3 +105,16 @@ def test_compile_refuses_an_ensemble_whose_members_are_not_run(tmp_path):
     (root / "params.yaml").write_text(yaml.safe_dump(dict(params, models=["ngram", "ensemble"])))
     proc = run_cli("compile", cwd=root)
     assert proc.returncode == 2 and "ensemble.members ['minilm_frozen'] are not in params.yaml" in proc.stderr
+
+
+def test_compile_names_a_missing_production_record_and_its_fix(tmp_path):
+    from tests.conftest import copy_project
+
+    root = copy_project(tmp_path)
+    (root / "models" / "production.json").unlink()
+    proc = run_cli("compile", "--check", cwd=root)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert (
+        "production.json is missing" in proc.stderr
+        and "git checkout -- models/production.json" in proc.stderr
+    )

@@ -247,6 +247,14 @@ def render(root: Path) -> str:
 
 def compile_dvc(root: Path, check: bool) -> str:
     text = render(root)
+    production = root / "models" / "production.json"
+    if not production.is_file():
+        # The gate depends on it, and `dvc repro` would stop with a bare "No such file".
+        raise UserError(
+            f"{production} is missing: the gate stage compares every candidate with it. Restore it "
+            "with `git checkout -- models/production.json`; a project with nothing in production yet "
+            'keeps {"model": null} there, and only `reprogate promote` changes it.'
+        )
     target = root / "dvc.yaml"
     if check:
         current = target.read_text() if target.is_file() else ""

@@ -79,8 +79,18 @@ def run(root: Path, name: str, gate_path: Path) -> dict[str, Any]:
 
 def summary(name: str, r: dict[str, Any]) -> str:
     c = r["on_calibration_data"]
-    return (
+    line = (
         f"calibrate: {name}: temperature {r['temperature']:.3f}, ECE {c['ece_before']:.4f} -> "
         f"{c['ece_after']:.4f}; act when p >= {r['policy']['threshold']:.3f} and margin >= "
         f"{r['policy']['margin']:.2f} (coverage {c['coverage']:.3f} on calibration data)"
     )
+    n_oos, bounded = r["fitted_on"]["out_of_scope_rows"], r["limits"]["bound_confidence"]
+    if n_oos == 0:
+        return line + "; no out-of-scope set has use: calibrate, so the false-positive limit was not fitted"
+    if bounded["false_positive_action_rate"] == 0 and bounded["wrong_action_rate"] > 0:
+        # Said on every run: a limit held only on a small sample is an estimate, not a guarantee.
+        return line + (
+            f"; the false-positive limit holds for the rate seen on {n_oos} out-of-scope queries, too few "
+            "for a confidence bound (add out-of-scope queries with use: calibrate to get one)"
+        )
+    return line

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from reprogate.hashing import sha256_file
 from reprogate.inference import (
     Policy,
     Scorer,
@@ -101,10 +102,13 @@ def run(root: Path, name: str) -> dict[str, Any]:
                     "model_version": version,
                 }
                 f.write(json.dumps(obj, ensure_ascii=False) + "\n")
+        # The content hash lets the gate refuse to compare accuracies measured on different data.
+        set_hash = sha256_file(root / PREPARED / f"{split}.jsonl")
         if kind == "out_of_scope":
             results[split] = {
                 "kind": kind,
                 "n": len(rows),
+                "data_sha256": set_hash,
                 "false_positive_action_rate": float(act.mean()),
                 "coverage": float(act.mean()),
             }
@@ -118,6 +122,7 @@ def run(root: Path, name: str) -> dict[str, Any]:
         results[split] = {
             "kind": kind,
             "n": len(rows),
+            "data_sha256": set_hash,
             "accuracy": float(correct.mean()),
             "macro_f1": macro_f1(gold, pred, n_labels),
             **bootstrap_ci(gold, pred, n_labels),

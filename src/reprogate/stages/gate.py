@@ -107,16 +107,25 @@ def judge(name: str, ev: dict | None, resume: dict | None, gate: GateSpec, prod:
         rules.append(_na("not_worse_than_production", "no model in production yet"))
     else:
         hi = test.get("accuracy_ci95", [None, None])[1]
-        rules.append(
-            _rule(
-                "not_worse_than_production",
-                hi,
-                ">=",
-                prod["heldout_accuracy"],
-                f"upper end of the candidate's 95% bootstrap interval vs production "
-                f"{prod['model']} ({prod['model_version']})",
-            )
+        rule = _rule(
+            "not_worse_than_production",
+            hi,
+            ">=",
+            prod["heldout_accuracy"],
+            f"upper end of the candidate's 95% bootstrap interval vs production "
+            f"{prod['model']} ({prod['model_version']})",
         )
+        theirs, ours = prod.get("data_sha256", {}).get("test"), test.get("data_sha256")
+        if theirs and ours and theirs != ours:
+            # Accuracies on two different held-out sets say nothing about which model is better.
+            rule.update(
+                verdict="fail",
+                note=f"production {prod['model']} was measured on another held-out set "
+                f"(test sha256 {theirs[:12]}, candidates {ours[:12]}): the accuracies are not comparable. "
+                "To move production to the new data on purpose, set compare_to_production.enabled: "
+                "false in the gate spec for that promotion (its commit records it), then re-enable it.",
+            )
+        rules.append(rule)
     return rules
 
 
