@@ -349,7 +349,12 @@ def test_predict_routes_queries_with_the_production_model(home):
     run_cli("predict", "--input", "q.txt", "--output", "out.jsonl", cwd=home, check=True)
     assert len((home / "out.jsonl").read_text().splitlines()) == 2
     bad = run_cli("predict", "", cwd=home)
-    assert bad.returncode == 2 and "query 1 is empty" in bad.stderr
+    assert bad.returncode == 2 and "query 1 on the command line: the query is empty" in bad.stderr
+    # An empty line is refused, not skipped, and named by file and line: output i answers input i.
+    (home / "gap.txt").write_text("set a timer for 5 minutes\n\nplay some jazz\n")
+    bad = run_cli("predict", "--input", "gap.txt", "--output", "gap.jsonl", cwd=home)
+    assert bad.returncode == 2 and "gap.txt:2: the query is empty" in bad.stderr
+    assert "Traceback" not in bad.stderr and not (home / "gap.jsonl").exists()
 
 
 def test_failed_gate_leaves_production_untouched(home):

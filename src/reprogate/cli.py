@@ -81,11 +81,17 @@ def _history(args: argparse.Namespace) -> int:
 
 
 def _read_inputs(args: argparse.Namespace) -> list[str]:
-    if args.input:
+    """The queries, each checked to have text; an empty one is named by its file and line."""
+    if not args.input:
+        texts = list(args.texts)
+        where = [f"query {i} on the command line" for i in range(1, len(texts) + 1)]
+    else:
         path = Path(args.input)
         if not path.is_file():
             raise UserError(f"{path}: no such input file; give a .txt (one query per line) or .jsonl file.")
         lines = path.read_text(encoding="utf-8").splitlines()
+        where = [f"{path}:{i}" for i in range(1, len(lines) + 1)]
+        texts = lines
         if path.suffix == ".jsonl":
             texts = []
             for i, line in enumerate(lines, 1):
@@ -100,20 +106,19 @@ def _read_inputs(args: argparse.Namespace) -> list[str]:
                         f'{path}:{i}: each line needs a string field "text", e.g. {{"text": "..."}}.'
                     )
                 texts.append(obj["text"])
-            return texts
-        return lines
-    return list(args.texts)
+    if not texts:
+        raise UserError("nothing to predict: give one or more texts, or --input FILE.")
+    for text, at in zip(texts, where, strict=True):
+        if not text.strip():
+            # Refused rather than skipped: output line i answers input line i.
+            raise UserError(f"{at}: the query is empty; give every query some text or remove it.")
+    return texts
 
 
 def _predict(args: argparse.Namespace) -> int:
     from reprogate.inference import load_servable
 
     texts = _read_inputs(args)
-    if not texts:
-        raise UserError("nothing to predict: give one or more texts, or --input FILE.")
-    empty = [i for i, t in enumerate(texts, 1) if not t.strip()]
-    if empty:
-        raise UserError(f"query {empty[0]} is empty; every query needs some text.")
     loaded = load_servable(find_root(Path.cwd()), Path(args.model) if args.model else None)
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout  # noqa: SIM115
     try:

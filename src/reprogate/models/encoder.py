@@ -60,7 +60,8 @@ class TokenFeaturizer:
         self.truncated = 0
 
     def encode(self, texts: list[str]) -> list[list[int]]:
-        full = self.tokenizer(texts, add_special_tokens=True, truncation=False)["input_ids"]
+        # Untruncated first, to count what max_length cuts; verbose=False because the cut is ours.
+        full = self.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
         out = []
         for ids in full:
             if len(ids) > self.max_length:
