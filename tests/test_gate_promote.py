@@ -243,7 +243,7 @@ def home(tmp_path_factory) -> Path:
     # thresholds are the toy's; BANKING77's real thresholds are specs/gate.yaml's.
     (root / "specs/gate.yaml").write_text(
         "kind: gate\nthresholds: {heldout_accuracy_min: 0.7, ece_max: 0.3, wrong_action_rate_max: 0.3,"
-        " false_positive_action_rate_max: 1.0}\n"
+        " false_positive_action_rate_max: 1.0, real_utterance_accuracy_min: 0.6}\n"
     )
     params = yaml.safe_load((root / "params.yaml").read_text())
     (root / "params.yaml").write_text(
@@ -260,7 +260,9 @@ def home(tmp_path_factory) -> Path:
 
 def test_pipeline_writes_predictions_and_a_passing_gate(home):
     ev = json.loads((home / "metrics/tiny/eval.json").read_text())
-    assert set(ev["sets"]) == {"validation", "test", "oos_test"}
+    assert set(ev["sets"]) == {"validation", "test", "oos_test", "real"}
+    real = [json.loads(x) for x in (home / "predictions/tiny/real.jsonl").read_text().splitlines()]
+    assert [r["gold"] for r in real] == ["lights_on", "lights_off", "set_timer", "play_music", "weather"]
     lines = [json.loads(x) for x in (home / "predictions/tiny/test.jsonl").read_text().splitlines()]
     assert len(lines) == ev["sets"]["test"]["n"]
     assert set(lines[0]) >= {
@@ -283,6 +285,11 @@ def test_pipeline_writes_predictions_and_a_passing_gate(home):
     assert set(duo["weights"]) == {"tiny", "tiny2"} and all(w > 0 for w in duo["weights"].values())
     resume = {r["rule"]: r for r in g["candidates"]["duo"]["rules"]}["resume_equivalence"]
     assert resume["verdict"] == "pass"  # an ensemble's resume evidence is its members' checks
+    for name, c in g["candidates"].items():  # the declared real-utterance set has its own rule
+        real_rule = {r["rule"]: r for r in c["rules"]}["real_utterance_accuracy"]
+        measured = json.loads((home / f"metrics/{name}/eval.json").read_text())["sets"]["real"]["accuracy"]
+        assert real_rule["value"] == measured and real_rule["threshold"] == 0.6
+        assert real_rule["verdict"] == ("pass" if measured >= 0.6 else "fail")
     assert json.loads((home / "models/tiny/calibration.json").read_text())["fitted_on"][
         "out_of_scope_sets"
     ] == ["oos_val"]
