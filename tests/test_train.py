@@ -162,6 +162,15 @@ def test_missing_device_is_a_clear_error(project):
     assert "field 'device' is 'cuda'" in proc.stderr and "oncuda.yaml" in proc.stderr
 
 
+def test_a_torchrun_launch_is_refused_before_anything_is_written(project):
+    # Ranks would train unsynchronised replicas; nothing may be checkpointed or exported.
+    write_model_spec(project, "ranked", TINY_NGRAM)
+    proc = run_cli("stage", "train", "ranked", cwd=project, env={"RANK": "0", "WORLD_SIZE": "2"})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "WORLD_SIZE=2" in proc.stderr and "threads:" in proc.stderr
+    assert not (project / "runs" / "ranked").exists() and not (project / "models" / "ranked").exists()
+
+
 def test_budget_is_enforced_before_training(project):
     write_model_spec(
         project,

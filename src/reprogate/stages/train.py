@@ -168,10 +168,19 @@ class Setup:
 def run(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[str, Any]:
     from reprogate import checkpoint
     from reprogate.plan import check_budget, measure
-    from reprogate.runtime import device_peak_gb, peak_rss_gb
+    from reprogate.runtime import device_peak_gb, peak_rss_gb, rank_and_world
     from reprogate.trainer import pause_if
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    _, world = rank_and_world()
+    if world > 1:
+        # Without gradient sync and a gathered RNG state, ranks would train diverging replicas
+        # and a resume could not restore them: refused rather than checkpointed wrongly.
+        raise UserError(
+            f"WORLD_SIZE={world}: multi-process training (torchrun) is not supported; each rank would "
+            "train its own unsynchronised replica. Run one process (`reprogate stage train NAME`) and "
+            "set `threads:` in the model spec to use more CPU cores, or a `device:` accelerator."
+        )
     started = time.perf_counter()
     setup = Setup(root, paths)
     spec = setup.spec
@@ -212,7 +221,7 @@ def run(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[str
         t = time.perf_counter()
         step = trainer.progress.global_step
         tensors, meta = trainer.state()
-        if trainer.rank == 0:  # one writer; every rank's RNG state is in `meta` under its rank
+        if trainer.rank == 0:  # one writer (run() refuses more than one process)
             checkpoint.save(
                 ckpt_dir,
                 step,
