@@ -164,6 +164,15 @@ def test_hash_mismatch_names_file_and_writes_nothing(tmp_path):
     assert not (tmp_path / "data").exists() and not (tmp_path / "metrics").exists()
 
 
+def test_missing_local_file_names_the_origin_and_the_fix(tmp_path):
+    spec = _own_dataset(tmp_path, HOME, ["lights_on", "lights_off", "set_timer"])
+    (tmp_path / "raw" / "commands.csv").unlink()
+    proc = run_cli("stage", "prepare", "--spec", str(spec), cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "home.yaml" in proc.stderr and "raw/commands.csv does not exist" in proc.stderr
+    assert "fix origins.mine.source.path" in proc.stderr
+
+
 def test_mirror_is_found_by_name_and_hash(tmp_path, mirror, monkeypatch):
     # A mirror laid out differently (flat) still serves the file, because lookup is by name + sha256.
     flat = tmp_path / "flat"

@@ -67,7 +67,7 @@ def fetch_origin(name: str, origin: Origin, spec_path: Path, root: Path) -> dict
             if not path.is_file():
                 raise UserError(
                     f"{spec_path}: origins.{name}.files: {fname} is missing from {where}; "
-                    "put it there or fix origins.{name}.source.path."
+                    f"put it there or fix origins.{name}.source.path."
                 )
         else:
             path = _from_mirror(fname, sha, mirrors)

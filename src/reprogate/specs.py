@@ -211,7 +211,7 @@ class DataSpec(Strict):
                         if not (folder / f).is_file():
                             raise ValueError(
                                 f"origins.{name}: local file {folder / f} does not exist; "
-                                "fix origins.{name}.source.path or put the file there"
+                                f"fix origins.{name}.source.path or put the file there"
                             )
         reserved = {"train", "validation", "calibration", "test", "negatives"}
         clash = reserved & set(self.eval_sets)
