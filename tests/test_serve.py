@@ -203,3 +203,40 @@ def test_a_broken_promotion_keeps_the_old_model(project):
             assert r.status_code == 200 and r.json()["predictions"][0]["model_version"].startswith("tiny@")
         finally:
             _promote_by_hand(project, "tiny")
+
+
+def test_production_is_served_only_from_the_promoted_files(tmp_path):
+    from reprogate.errors import UserError
+    from reprogate.inference import Scorer, load_servable
+    from reprogate.stages import combine
+
+    root = make_home_project(tmp_path)
+    write_model_spec(root, "tiny2", dict(TINY_NGRAM, seed=11, ngram={"buckets": 2048, "dim": 8}))
+    write_model_spec(
+        root, "duo", {"kind": "model", "data": "specs/data/home.yaml", "family": "ensemble",
+                      "ensemble": {"members": ["tiny", "tiny2"]}},
+    )  # fmt: skip
+    for name in ("tiny", "tiny2"):
+        train.run(root, train.Paths.for_model(root, name), skip_plan=True, log=lambda s: None)
+        calibrate.run(root, name, root / "specs" / "gate.yaml")
+    combine.run(root, "duo")
+    calibrate.run(root, "duo", root / "specs" / "gate.yaml")
+    _promote_by_hand(root, "tiny")
+    assert load_servable(root).version == model_version(root / "models" / "tiny")
+
+    # A member retrained after the ensemble was combined: the ensemble refuses to score.
+    write_model_spec(root, "tiny2", dict(TINY_NGRAM, seed=12, ngram={"buckets": 2048, "dim": 8}))
+    train.run(root, train.Paths.for_model(root, "tiny2"), skip_plan=True, log=lambda s: None)
+    calibrate.run(root, "tiny2", root / "specs" / "gate.yaml")
+    with pytest.raises(UserError, match=r"combined from other versions of tiny2 .* combine@duo"):
+        Scorer(root, "duo")
+
+    # Production's model retrained in the workspace: not served under production's version,
+    # unless asked for by path.
+    promoted = model_version(root / "models" / "tiny")
+    write_model_spec(root, "tiny", dict(TINY_NGRAM, seed=4))
+    train.run(root, train.Paths.for_model(root, "tiny"), skip_plan=True, log=lambda s: None)
+    calibrate.run(root, "tiny", root / "specs" / "gate.yaml")
+    with pytest.raises(UserError, match=rf"pins {promoted}, but .*retrained since.*--model models/tiny"):
+        load_servable(root)
+    assert load_servable(root, root / "models" / "tiny").version != promoted

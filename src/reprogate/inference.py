@@ -62,6 +62,19 @@ class Scorer:
         self.model.load_state_dict(state)
         self.model.to(self.device).eval()
         self.fingerprint = json.loads((self.dir / "fingerprint.json").read_text())
+        if self.spec.family == "ensemble":
+            self._check_members()
+
+    def _check_members(self) -> None:
+        """An ensemble's weights only mean something with the member files they were fitted on."""
+        combined, now = self.fingerprint.get("members", {}), self.featurizer.key()["members"]
+        changed = sorted(m for m in now if now[m] != combined.get(m))
+        if changed:
+            raise UserError(
+                f"{self.dir}: combined from other versions of {', '.join(changed)} than models/ "
+                f"holds now (their weights or calibration changed since). Rerun `dvc repro "
+                f"combine@{self.name}` so the ensemble is fitted to its current members, or restore them."
+            )
 
     def logits_for(self, feats) -> torch.Tensor:
         from reprogate.stages.train import predict_logits
@@ -285,6 +298,29 @@ def production_sha256(root: Path) -> str | None:
     return sha256_file(path) if path.is_file() else None
 
 
+def _check_production_files(root: Path, record: dict[str, Any]) -> None:
+    """Serve production's model only if the workspace holds what was promoted: after a retrain,
+    models/<m>/ is a candidate and must not answer under production's version. Compared: the
+    version (weights, and an ensemble's members) and the calibrated policy, not files such as
+    the fingerprint that change with unrelated code."""
+    model_dir = root / "models" / record["model"]
+    why = None
+    if not (model_dir / "model.safetensors").is_file() or not (model_dir / "calibration.json").is_file():
+        why = f"{model_dir} is not built in this workspace"
+    elif (now := model_version(model_dir)) != record["model_version"]:
+        why = f"{model_dir} holds {now}, retrained since"
+    elif (pinned := record.get("calibration")) and Policy.load(model_dir / "calibration.json") != Policy(
+        pinned["temperature"], pinned["threshold"], pinned["margin"]
+    ):
+        why = f"{model_dir}/calibration.json was refitted since"
+    if why:
+        raise UserError(
+            f"{root / PRODUCTION} pins {record['model_version']}, but {why}. Run `make repro` on the "
+            "promotion's commit to rebuild it (it is reproducible), promote the new candidate after a "
+            f"passing gate, or serve the workspace's model explicitly with --model models/{record['model']}."
+        )
+
+
 def load_servable(root: Path, model_dir: Path | None = None) -> Loaded:
     """The production model (or `model_dir`) with its calibration, loaded and warmed up.
     Used by `reprogate predict` and `reprogate serve`."""
@@ -299,6 +335,7 @@ def load_servable(root: Path, model_dir: Path | None = None) -> Loaded:
                 "passing gate, or pass --model models/NAME."
             )
         model_dir = root / "models" / record["model"]
+        _check_production_files(root, record)
     if not (model_dir / "calibration.json").is_file():
         raise UserError(
             f"{model_dir}: no calibration.json; run `dvc repro calibrate@{model_dir.name}` first."

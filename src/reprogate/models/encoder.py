@@ -158,6 +158,9 @@ class HeadOnly(nn.Module):
 
 def _load_encoder(path: str):
     from transformers import AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a bar for reading 100 tensors from disk is noise in predict output
 
     name, _, revision = path.partition("@")
     tokenizer = AutoTokenizer.from_pretrained(name, revision=revision or None)
