@@ -307,7 +307,7 @@ def _check_production_files(root: Path, record: dict[str, Any]) -> None:
     why = None
     if not (model_dir / "model.safetensors").is_file() or not (model_dir / "calibration.json").is_file():
         why = f"{model_dir} is not built in this workspace"
-    elif (now := model_version(model_dir)) != record["model_version"]:
+    elif (now := model_version(model_dir)) != record.get("model_version"):
         why = f"{model_dir} holds {now}, retrained since"
     elif (pinned := record.get("calibration")) and Policy.load(model_dir / "calibration.json") != Policy(
         pinned["temperature"], pinned["threshold"], pinned["margin"]
@@ -315,7 +315,7 @@ def _check_production_files(root: Path, record: dict[str, Any]) -> None:
         why = f"{model_dir}/calibration.json was refitted since"
     if why:
         raise UserError(
-            f"{root / PRODUCTION} pins {record['model_version']}, but {why}. Run `make repro` on the "
+            f"{root / PRODUCTION} pins {record.get('model_version')}, but {why}. Run `make repro` on the "
             "promotion's commit to rebuild it (it is reproducible), promote the new candidate after a "
             f"passing gate, or serve the workspace's model explicitly with --model models/{record['model']}."
         )
