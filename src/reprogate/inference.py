@@ -58,7 +58,7 @@ class Scorer:
         state = load_file(str(self.dir / "model.safetensors"))
         if self.spec.family == "encoder" and self.spec.encoder.mode == "frozen":
             state = {k: v for k, v in state.items() if k.startswith("head.")}
-            self.featurizer.encoder.to(self.device)
+            self.featurizer.device = self.device  # the encoder loads there only if raw text comes
         self.model.load_state_dict(state)
         self.model.to(self.device).eval()
         self.fingerprint = json.loads((self.dir / "fingerprint.json").read_text())

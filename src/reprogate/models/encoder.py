@@ -9,6 +9,7 @@ counted (`truncated`), never dropped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -45,8 +46,8 @@ class Pooler:
             pooled = [F.normalize(p, dim=-1) for p in pooled]
         return torch.cat(pooled, dim=-1)
 
-    def width(self, encoder: nn.Module) -> int:
-        return encoder.config.hidden_size * self.layers
+    def width(self, hidden_size: int) -> int:
+        return hidden_size * self.layers
 
     def key(self) -> dict:
         return {"pooling": self.pooling, "layers": self.layers, "normalize": self.normalize}
@@ -96,16 +97,31 @@ class TokenFeaturizer:
 class EmbeddingFeaturizer(TokenFeaturizer):
     """Pooled embeddings of a frozen encoder (frozen mode)."""
 
-    def __init__(self, tokenizer, max_length: int, source: str, encoder: nn.Module, pooler: Pooler):
+    def __init__(
+        self,
+        tokenizer,
+        max_length: int,
+        source: str,
+        load: Callable[[], nn.Module],
+        pooler: Pooler,
+        hidden_size: int,
+    ):
         super().__init__(tokenizer, max_length, source)
-        self.encoder, self.pooler = encoder.eval(), pooler
-        self.encoder.requires_grad_(False)
+        self._load, self._encoder, self.pooler, self.hidden_size = load, None, pooler, hidden_size
+        self.device = torch.device("cpu")
+
+    @property
+    def encoder(self) -> nn.Module:
+        """Loaded on first use: stages that score cached features never need it (2 s each)."""
+        if self._encoder is None:
+            self._encoder = self._load().eval().requires_grad_(False).to(self.device)
+        return self._encoder
 
     def encode(self, texts: list[str], batch: int = 64) -> torch.Tensor:
         ids = super().encode(texts)
         # Sorting by length keeps padding small; results go back to the input order.
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-        out = torch.empty((len(ids), self.pooler.width(self.encoder)))
+        out = torch.empty((len(ids), self.pooler.width(self.hidden_size)))
         device = next(self.encoder.parameters()).device
         with torch.inference_mode():
             for s in tqdm(
@@ -138,7 +154,7 @@ class EncoderClassifier(nn.Module):
         super().__init__()
         self.encoder, self.pooler = encoder, pooler
         self.dropout = nn.Dropout(dropout)
-        self.head = nn.Linear(pooler.width(encoder), n_out)
+        self.head = nn.Linear(pooler.width(encoder.config.hidden_size), n_out)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.head(self.dropout(self.pooler(self.encoder, input_ids, attention_mask)))
@@ -156,15 +172,23 @@ class HeadOnly(nn.Module):
         return self.head(self.dropout(embedding))
 
 
-def _load_encoder(path: str):
-    from transformers import AutoModel, AutoTokenizer
+def _load_encoder(path: str) -> nn.Module:
+    from transformers import AutoModel
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a bar for reading 100 tensors from disk is noise in predict output
+    name, _, revision = path.partition("@")
+    return AutoModel.from_pretrained(name, revision=revision or None)
+
+
+def _load_config_and_tokenizer(path: str):
+    from transformers import AutoConfig, AutoTokenizer
 
     name, _, revision = path.partition("@")
-    tokenizer = AutoTokenizer.from_pretrained(name, revision=revision or None)
-    return AutoModel.from_pretrained(name, revision=revision or None), tokenizer
+    return (
+        AutoConfig.from_pretrained(name, revision=revision or None),
+        AutoTokenizer.from_pretrained(name, revision=revision or None),
+    )
 
 
 def _lora(encoder: nn.Module, cfg: dict) -> nn.Module:
@@ -184,8 +208,9 @@ def _lora(encoder: nn.Module, cfg: dict) -> nn.Module:
 def build(spec: ModelSpec, n_out: int, root: Path):
     cfg = spec.encoder
     assert cfg is not None
-    encoder, tokenizer = _load_encoder(resolve_encoder_path(cfg.model, root))
-    depth = encoder.config.num_hidden_layers
+    path = resolve_encoder_path(cfg.model, root)
+    config, tokenizer = _load_config_and_tokenizer(path)
+    depth = config.num_hidden_layers
     if cfg.layers > depth:
         raise UserError(
             f"model spec field encoder.layers: {cfg.layers} asks for more layers than "
@@ -193,8 +218,11 @@ def build(spec: ModelSpec, n_out: int, root: Path):
         )
     pooler = Pooler(cfg.pooling, cfg.layers, cfg.normalize)
     if cfg.mode == "frozen":
-        feat = EmbeddingFeaturizer(tokenizer, cfg.max_length, cfg.model, encoder, pooler)
-        return HeadOnly(pooler.width(encoder), n_out, spec.head.dropout), feat
+        feat = EmbeddingFeaturizer(
+            tokenizer, cfg.max_length, cfg.model, lambda: _load_encoder(path), pooler, config.hidden_size
+        )
+        return HeadOnly(pooler.width(config.hidden_size), n_out, spec.head.dropout), feat
+    encoder = _load_encoder(path)
     if cfg.mode == "lora":
         encoder = _lora(encoder, cfg.lora.model_dump())
     model = EncoderClassifier(encoder, n_out, pooler, spec.head.dropout)

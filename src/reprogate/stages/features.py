@@ -95,8 +95,8 @@ def run(root: Path, name: str) -> str:
     device = select_device(spec, spec_path)
     seed_everything(spec.seed, spec.threads, device)
     _, featurizer = models.build(spec, 2, root)
-    if hasattr(featurizer, "encoder"):
-        featurizer.encoder.to(device)
+    if hasattr(featurizer, "device"):  # a frozen encoder loads onto it when first needed
+        featurizer.device = device
 
     def encode(split: str):
         before = getattr(featurizer, "truncated", 0)

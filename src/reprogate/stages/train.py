@@ -124,8 +124,8 @@ class Setup:
         self.data = load_train_data(root, self.spec, paths.spec)
         t0 = time.perf_counter()
         _, self.featurizer = self._build()
-        if hasattr(self.featurizer, "encoder"):
-            self.featurizer.encoder.to(self.device)
+        if hasattr(self.featurizer, "device"):  # a frozen encoder loads onto it when first needed
+            self.featurizer.device = self.device
         self.feats = self.split("train")
         if self.spec.head.out_of_scope_class:
             from reprogate.stages.features import concat
