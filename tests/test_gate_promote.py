@@ -21,6 +21,7 @@ from reprogate.inference import (
     fit_policy,
     fit_temperature,
     model_version,
+    prediction,
     probabilities,
     upper_bound,
 )
@@ -56,6 +57,26 @@ def test_routing_policy_never_breaks_its_limits_on_the_data_it_was_fitted_on(see
         assert ((pred != gold) & act).sum() / act.sum() <= wrong_max + 1e-12
     o2 = np.sort(oos, 1)
     assert ((oos.max(1) >= p["threshold"]) & (o2[:, -1] - o2[:, -2] >= p["margin"])).mean() <= fp_max + 1e-12
+
+
+@given(
+    weights=st.lists(st.integers(0, 6), min_size=3, max_size=6),
+    threshold=st.floats(0.0, 1.0),
+    margin=st.floats(0.0, 1.0),
+    oos=st.booleans(),
+)
+def test_served_route_is_the_route_that_was_evaluated(weights, threshold, margin, oos):
+    # Coverage and wrong-action in eval.json are computed with act_mask; a query served with
+    # the same probabilities must get the same route, ties included (small integers make them).
+    row = np.array(weights, dtype=np.float64) + 1e-3
+    row /= row.sum()
+    labels = [f"l{i}" for i in range(len(row))]
+    oos_index = len(row) - 1 if oos else None
+    policy = Policy(1.0, threshold, margin)
+    p = prediction(row, labels, policy, oos_index)
+    assert (p["route"] == "act") == bool(act_mask(row[None], policy, oos_index)[0])
+    assert p["intent"] == labels[int(row.argmax())] and p["alternatives"][0]["intent"] == p["intent"]
+    assert (p["route"] == "review") == bool(p["reasons"])
 
 
 def test_upper_bound_matches_clopper_pearson():

@@ -236,7 +236,9 @@ def prediction(
     probs_row: np.ndarray, labels: list[str], policy: Policy, oos_index: int | None
 ) -> dict[str, Any]:
     """DESIGN's Prediction object (without model version and latency, added by callers)."""
-    order = np.argsort(-probs_row)
+    # Stable, so a tie goes to the first label as in argmax: the served route must be the one
+    # act_mask evaluated (a tie with the out-of-scope class would otherwise flip it).
+    order = np.argsort(-probs_row, kind="stable")
     top = [{"intent": labels[i], "probability": round(float(probs_row[i]), 6)} for i in order[:3]]
     conf = float(probs_row[order[0]])
     margin = conf - float(probs_row[order[1]]) if len(order) > 1 else conf
