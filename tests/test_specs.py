@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
 import jsonschema
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from reprogate.errors import UserError
 from reprogate.specs import SPEC_KINDS, DataSpec, ModelSpec, json_schemas, load_spec
@@ -28,7 +32,7 @@ def _expect(path: Path) -> tuple[str, list[str]]:
 
 def _schema_errors(path: Path) -> list[str]:
     raw = yaml.safe_load(path.read_text())
-    kind = raw.get("kind") if raw.get("kind") in SPEC_KINDS else "model"
+    kind = raw["kind"] if isinstance(raw.get("kind"), str) and raw["kind"] in SPEC_KINDS else "model"
     schema = json.loads((REPO / "specs" / "schema" / f"{kind}.schema.json").read_text())
     return [e.message for e in jsonschema.Draft202012Validator(schema).iter_errors(raw)]
 
@@ -118,3 +122,44 @@ def test_compile_names_a_missing_production_record_and_its_fix(tmp_path):
         "production.json is missing" in proc.stderr
         and "git checkout -- models/production.json" in proc.stderr
     )
+
+
+def _leaves(obj, path=()):
+    """Every scalar (and every scalar list) of a parsed spec, with its path."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _leaves(v, (*path, k))
+    elif isinstance(obj, list) and obj and all(isinstance(x, dict) for x in obj):
+        for i, v in enumerate(obj):
+            yield from _leaves(v, (*path, i))
+    else:
+        yield path, obj
+
+
+GOOD_RAW = {p.stem: yaml.safe_load(p.read_text()) for p in GOOD}
+GOOD_LEAVES = [(name, path) for name, raw in GOOD_RAW.items() for path, _ in _leaves(raw)]
+ODD_VALUES = st.one_of(
+    st.sampled_from([0, 1, -1, 2, 64, 0.0, 0.5, 1.5, -0.5, "", "abc", "1", "cpu", "cuda", "mean", "cosine"]),
+    st.sampled_from([True, False, None, [], [1], ["a"], {}, {"x": 1}]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(where=st.sampled_from(GOOD_LEAVES), value=ODD_VALUES)
+def test_exported_schema_never_rejects_a_spec_pydantic_accepts(where, value):
+    # An editor using specs/schema/ must not flag a spec that reprogate runs. (The converse
+    # does not hold: cross-field and cross-file rules live in pydantic only.)
+    name, path = where
+    raw = copy.deepcopy(GOOD_RAW[name])
+    node = raw
+    for key in path[:-1]:
+        node = node[key]
+    if path:
+        node[path[-1]] = value
+    kind = raw["kind"] if isinstance(raw.get("kind"), str) and raw["kind"] in SPEC_KINDS else "model"
+    try:
+        SPEC_KINDS[kind].model_validate(raw, context={"root": REPO})
+    except (ValidationError, UserError):
+        return
+    schema = json.loads((REPO / "specs" / "schema" / f"{kind}.schema.json").read_text())
+    assert not list(jsonschema.Draft202012Validator(schema).iter_errors(raw)), (name, path, value)

@@ -588,7 +588,7 @@ def load_spec(path: Path, expect: type[T] | None = None) -> T:
     path = Path(path)
     raw = read_yaml(path)
     kind = raw.get("kind")
-    if kind not in SPEC_KINDS:
+    if not isinstance(kind, str) or kind not in SPEC_KINDS:
         raise UserError(
             f"{path}: field 'kind' is {kind!r}; expected one of {sorted(SPEC_KINDS)}. "
             "Add e.g. 'kind: model' as the first line."
