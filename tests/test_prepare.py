@@ -173,6 +173,29 @@ def test_missing_local_file_names_the_origin_and_the_fix(tmp_path):
     assert "fix origins.mine.source.path" in proc.stderr
 
 
+def test_a_header_only_csv_is_named_as_empty(tmp_path):
+    spec = _own_dataset(tmp_path, [], ["lights_on", "lights_off", "set_timer"])
+    proc = run_cli("stage", "prepare", "--spec", str(spec), cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "commands.csv: has no rows for this table" in proc.stderr
+
+
+def test_a_file_in_another_format_is_explained_not_a_traceback(tmp_path):
+    spec = _own_dataset(tmp_path, HOME, ["lights_on", "lights_off", "set_timer"])
+    raw = yaml.safe_load(spec.read_text())
+    (tmp_path / "raw" / "commands.csv").write_text('{"utterance": "turn on", "intent": \n')  # cut-off JSON
+    sha = hashlib.sha256((tmp_path / "raw" / "commands.csv").read_bytes()).hexdigest()
+    raw["origins"]["mine"]["files"]["commands.csv"] = sha
+    for table in ("train", "test"):
+        raw[table]["format"] = "jsonl"
+    spec.write_text(yaml.safe_dump(raw))
+    proc = run_cli("stage", "prepare", "--spec", str(spec), cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "commands.csv: could not be read as format 'jsonl'" in proc.stderr
+    assert proc.stderr.count("\n") == 1, "one paragraph, no library log lines"
+    assert not (tmp_path / "data").exists()
+
+
 def test_mirror_is_found_by_name_and_hash(tmp_path, mirror, monkeypatch):
     # A mirror laid out differently (flat) still serves the file, because lookup is by name + sha256.
     flat = tmp_path / "flat"

@@ -62,14 +62,43 @@ def normalize(text: str, n: Normalization) -> str:
 
 
 def _read_table(t: Table, path: Path) -> list[tuple[str, str, str | None]]:
+    """(id, text, source label) for every row; a file that cannot be read as its declared
+    format is a user mistake, explained, never a traceback."""
+    try:
+        rows = _parse_table(t, path)
+    except UserError:
+        raise
+    except Exception as e:  # csv, json, pyarrow and datasets each raise their own kinds
+        while e.__cause__ is not None or e.__context__ is not None:  # the parser's own words
+            e = e.__cause__ or e.__context__
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        raise UserError(
+            f"{path}: could not be read as format '{t.format}' ({type(e).__name__}: {first}). Check "
+            "that the file is UTF-8 text in that format, or set the table's format in the data spec."
+        ) from None
+    if not rows:
+        raise UserError(
+            f"{path}: has no rows for this table (format '{t.format}'"
+            + (f", keys {t.keys}" if t.format == "clinc_json" else "")
+            + "); point the table at a file with data, or remove it from the data spec."
+        )
+    return rows
+
+
+def _parse_table(t: Table, path: Path) -> list[tuple[str, str, str | None]]:
     """(id, text, source label) for every row, read through `datasets`."""
     import datasets
 
     datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
-    logging.getLogger("datasets").setLevel(logging.ERROR)
+    # Quiet: a parse failure is reported once, by _read_table, with the file and the fix.
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
+    logging.getLogger("datasets").setLevel(logging.CRITICAL)
     if t.format == "clinc_json":
         raw = json.loads(path.read_text(encoding="utf-8"))
+        missing = [k for k in t.keys if not isinstance(raw, dict) or k not in raw]
+        if missing:
+            have = sorted(raw) if isinstance(raw, dict) else type(raw).__name__
+            raise UserError(f"{path}: has no key {missing[0]!r} (has: {have}); fix the table's keys.")
         items = [(f"{t.file}:{k}:{i}", x[0], x[1]) for k in t.keys for i, x in enumerate(raw[k])]
         ds = datasets.Dataset.from_dict(
             {
@@ -79,10 +108,15 @@ def _read_table(t: Table, path: Path) -> list[tuple[str, str, str | None]]:
             }
         )
         return list(zip(ds["id"], ds["text"], ds["label"], strict=True))
+    if path.stat().st_size == 0:
+        return []
     with tempfile.TemporaryDirectory() as cache:
         if t.format == "csv":
             with open(path, newline="", encoding="utf-8") as f:
-                header = next(csv.reader(f), [])
+                reader = csv.reader(f)
+                header = next(reader, [])
+                if next(reader, None) is None:
+                    return []  # a header and nothing else
             features = datasets.Features({c: datasets.Value("string") for c in header})
             ds = datasets.load_dataset(
                 "csv",
