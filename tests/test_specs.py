@@ -163,3 +163,16 @@ def test_exported_schema_never_rejects_a_spec_pydantic_accepts(where, value):
         return
     schema = json.loads((REPO / "specs" / "schema" / f"{kind}.schema.json").read_text())
     assert not list(jsonschema.Draft202012Validator(schema).iter_errors(raw)), (name, path, value)
+
+
+def test_stages_run_out_of_order_say_what_to_run_first(tmp_path):
+    from tests.conftest import copy_project
+
+    root = copy_project(tmp_path)  # a fresh clone: specs and metrics, no data or models
+    proc = run_cli("stage", "features", "ngram", cwd=root)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "no prepared data" in proc.stderr and "dvc repro prepare" in proc.stderr
+    assert not (root / "data" / "features" / "ngram").exists()
+    proc = run_cli("stage", "combine", "ensemble", cwd=root)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "member 'ngram' has no calibrated model" in proc.stderr and "calibrate@ngram" in proc.stderr

@@ -143,6 +143,8 @@ def _plan(args: argparse.Namespace) -> int:
 
     root = find_root(Path.cwd())
     spec = Path(args.spec)
+    if not spec.exists() and (root / "specs" / "models" / f"{args.spec}.yaml").is_file():
+        spec = root / "specs" / "models" / f"{args.spec}.yaml"  # a model name, as the stages take
     setup = Setup(root, Paths.for_model(root, spec.stem, spec))
     print(measure(setup).line())
     return 0
@@ -199,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.set_defaults(func=_serve)
 
     pl = sub.add_parser("plan", help="measure a few real steps and project time and memory")
-    pl.add_argument("spec")
+    pl.add_argument("spec", help="a model spec file, or the name of one under specs/models/")
     pl.set_defaults(func=_plan)
     return p
 

@@ -46,6 +46,12 @@ def run(root: Path, name: str) -> dict[str, Any]:
     spec_path = root / "specs" / "models" / f"{name}.yaml"
     spec = load_spec(spec_path, ModelSpec)
     members = spec.ensemble.members
+    for m in members:
+        if not (root / "models" / m / "calibration.json").is_file():
+            raise UserError(
+                f"{spec_path}: ensemble member '{m}' has no calibrated model in models/{m}; run "
+                f"`dvc repro calibrate@{m}` (which trains it first if needed), then combine again."
+            )
     labels = [json.loads((root / "models" / m / "labels.json").read_text()) for m in members]
     if any(lbl != labels[0] for lbl in labels):
         raise UserError(

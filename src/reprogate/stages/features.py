@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from reprogate.errors import UserError
 from reprogate.hashing import sha256_file
 from reprogate.models import feature_key
 from reprogate.specs import ModelSpec, load_spec
@@ -27,6 +28,17 @@ PREPARED = Path("data/prepared")
 FEATURES = Path("data/features")
 # Fields of a model spec that change its features (DVC params of the stage).
 SPEC_FIELDS = ("family", "data", "ngram", "encoder", "head.out_of_scope_class")
+
+
+def require_prepared(root: Path, spec_path: Path) -> Path:
+    """data/prepared/, or the error that says which stage to run first."""
+    prepared = root / PREPARED
+    if not (prepared / "labels.json").is_file():
+        raise UserError(
+            f"{spec_path}: no prepared data at {prepared}; run `dvc repro prepare` (or "
+            "`reprogate stage prepare`) first."
+        )
+    return prepared
 
 
 def splits(root: Path, spec: ModelSpec) -> list[str]:
@@ -91,6 +103,7 @@ def run(root: Path, name: str) -> str:
     started = time.perf_counter()
     spec_path = root / "specs" / "models" / f"{name}.yaml"
     spec = load_spec(spec_path, ModelSpec)
+    require_prepared(root, spec_path)
     configure_mps_env(spec)
     device = select_device(spec, spec_path)
     seed_everything(spec.seed, spec.threads, device)

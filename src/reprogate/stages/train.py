@@ -70,23 +70,18 @@ def code_hash() -> str:
 
 
 def load_train_data(root: Path, spec: ModelSpec, spec_path: Path):
+    from reprogate.stages.features import require_prepared
     from reprogate.trainer import OOS_LABEL, Example, TrainData, read_jsonl
 
-    prepared = root / PREPARED
-    labels_file = prepared / "labels.json"
-    if not labels_file.is_file():
-        raise UserError(
-            f"{spec_path}: no prepared data at {prepared}; run `dvc repro prepare` (or "
-            "`reprogate stage prepare`) first."
-        )
-    labels = json.loads(labels_file.read_text())
+    prepared = require_prepared(root, spec_path)
+    labels = json.loads((prepared / "labels.json").read_text())
     declared = load_spec(root / spec.data, DataSpec).labels
     if labels != declared:
         raise UserError(
             f"{prepared}/labels.json differs from the labels of {spec.data}: the prepared data is "
             "stale. Run `dvc repro prepare`."
         )
-    files = [labels_file, prepared / "train.jsonl"]
+    files = [prepared / "labels.json", prepared / "train.jsonl"]
     index = {lbl: i for i, lbl in enumerate(labels)}
     examples = [Example(r["text"], index[r["label"]]) for r in read_jsonl(prepared / "train.jsonl")]
     out = list(labels)
