@@ -176,3 +176,24 @@ def test_stages_run_out_of_order_say_what_to_run_first(tmp_path):
     proc = run_cli("stage", "combine", "ensemble", cwd=root)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "member 'ngram' has no calibrated model" in proc.stderr and "calibrate@ngram" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("edit", "needles"),
+    [
+        ({"modles": ["ngram"]}, ["unknown key 'modles'", "did you mean 'models'?"]),
+        ({"models": "ngram"}, ["field 'models'", "valid list"]),
+        ({"models": []}, ["field 'models'", "at least 1 item"]),
+        ({"data": [1]}, ["field 'data'", "valid string"]),
+        ({"mirror": 5}, ["field 'mirror'", "valid list"]),
+    ],
+)
+def test_params_yaml_mistakes_are_named(tmp_path, edit, needles):
+    from tests.conftest import copy_project
+
+    root = copy_project(tmp_path)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    (root / "params.yaml").write_text(yaml.safe_dump({**params, **edit}))
+    proc = run_cli("compile", "--check", cwd=root)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "params.yaml" in proc.stderr and all(n in proc.stderr for n in needles), proc.stderr

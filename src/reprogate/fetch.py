@@ -26,6 +26,13 @@ def mirror_dirs(root: Path) -> list[Path]:
     else:
         params = root / "params.yaml"
         value = (yaml.safe_load(params.read_text()) or {}).get("mirror") if params.is_file() else None
+        if value is not None and not (
+            isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
+        ):
+            raise UserError(
+                f"{params}: field 'mirror' is {value!r}; write a folder path or a list of them, "
+                "e.g. ../shared/datasets."
+            )
         entries = [value] if isinstance(value, str) and value else list(value or [])
     return [d for d in ((root / e).resolve() for e in entries) if d.is_dir()]
 

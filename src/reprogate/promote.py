@@ -16,11 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from reprogate.errors import UserError
 from reprogate.hashing import sha256_file
-from reprogate.specs import load_spec, spec_hash
+from reprogate.specs import load_params, load_spec, spec_hash
 from reprogate.stages.gate import PRODUCTION
 
 STAGE = "prod"
@@ -71,7 +69,7 @@ def plan(root: Path) -> dict[str, Any]:
     cand = gate["candidates"][name]
     model_dir = root / "models" / name
     config = json.loads((model_dir / "config.json").read_text())
-    params = yaml.safe_load((root / "params.yaml").read_text())
+    params = load_params(root)
     data_metrics = json.loads((root / "metrics" / "data.json").read_text())
     evaluation = json.loads((root / "metrics" / name / "eval.json").read_text())
     record = {
@@ -83,8 +81,8 @@ def plan(root: Path) -> dict[str, Any]:
         "data_sha256": data_metrics["sha256"],
         "spec_hashes": {
             f"specs/models/{name}.yaml": spec_hash(load_spec(root / "specs" / "models" / f"{name}.yaml")),
-            params["data"]: spec_hash(load_spec(root / params["data"])),
-            params["gate"]: spec_hash(load_spec(root / params["gate"])),
+            params.data: spec_hash(load_spec(root / params.data)),
+            params.gate: spec_hash(load_spec(root / params.gate)),
         },
         "code_commit": _git(root, "rev-parse", "HEAD"),
         "heldout_accuracy": cand["heldout_accuracy"],

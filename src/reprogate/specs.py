@@ -514,6 +514,34 @@ T = TypeVar("T", bound=Strict)
 SPEC_KINDS: dict[str, type[Strict]] = {"data": DataSpec, "model": ModelSpec, "gate": GateSpec}
 
 
+class Params(Strict):
+    """params.yaml: which specs the pipeline runs (no `kind`: it is the pipeline's own file)."""
+
+    data: str = Field(description="the data spec, e.g. specs/data/banking77.yaml")
+    models: list[str] = Field(
+        min_length=1, description="model spec names, e.g. [ngram] for specs/models/ngram.yaml"
+    )
+    gate: str = Field(description="the gate spec, e.g. specs/gate.yaml")
+    mirror: list[str] = Field(
+        default_factory=list, description="folders tried for raw data files before any download"
+    )
+
+    @field_validator("mirror", mode="before")
+    @classmethod
+    def _one_folder(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else [] if v is None else v
+
+
+def load_params(root: Path) -> Params:
+    path = root / "params.yaml"
+    if not path.is_file():
+        raise UserError(f"{path}: not found; run reprogate from the project root.")
+    try:
+        return Params.model_validate(read_yaml(path))
+    except ValidationError as err:
+        raise UserError(format_validation_error(path, err, Params)) from None
+
+
 # ------------------------------------------------------------------------------ helpers
 
 
