@@ -240,3 +240,25 @@ def test_production_is_served_only_from_the_promoted_files(tmp_path):
     with pytest.raises(UserError, match=rf"pins {promoted}, but .*retrained since.*--model models/tiny"):
         load_servable(root)
     assert load_servable(root, root / "models" / "tiny").version != promoted
+
+
+def test_predict_output_is_checked_first_and_replaced_whole(project):
+    from tests.conftest import run_cli
+
+    bad = run_cli("predict", "play some jazz", "--output", "no/such/folder/out.jsonl", cwd=project)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "folder no/such/folder does not exist" in bad.stderr
+    out = project / "out.jsonl"
+    out.write_text("an earlier run's predictions\n")
+    before = out.read_bytes()
+    # An empty query fails before anything is written: the earlier file is untouched.
+    assert run_cli("predict", "play some jazz", "", "--output", "out.jsonl", cwd=project).returncode == 2
+    assert out.read_bytes() == before
+    run_cli(
+        "predict", "play some jazz", "turn off the lights", "--output", "out.jsonl", cwd=project, check=True
+    )
+    assert [json.loads(x)["text"] for x in out.read_text().splitlines()] == [
+        "play some jazz",
+        "turn off the lights",
+    ]
+    assert not list(project.glob(".out.jsonl.part"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -119,14 +120,28 @@ def _predict(args: argparse.Namespace) -> int:
     from reprogate.inference import load_servable
 
     texts = _read_inputs(args)
+    target = Path(args.output) if args.output else None
+    if target is not None and (target.is_dir() or not target.parent.is_dir()):
+        raise UserError(
+            f"--output {target}: "
+            + ("is a folder" if target.is_dir() else f"folder {target.parent} does not exist")
+            + "; give a file path in an existing folder, e.g. predictions.jsonl."
+        )
     loaded = load_servable(find_root(Path.cwd()), Path(args.model) if args.model else None)
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout  # noqa: SIM115
+    lines = (
+        json.dumps(loaded.predict([t])[0], ensure_ascii=False) + "\n" for t in texts
+    )  # one at a time: own latency
+    if target is None:
+        sys.stdout.writelines(lines)
+        return 0
+    # Written beside the target and renamed when complete: an existing file is never half-overwritten.
+    part = target.with_name(f".{target.name}.part")
     try:
-        for text in texts:  # one at a time, so latency_ms is each query's own
-            out.write(json.dumps(loaded.predict([text])[0], ensure_ascii=False) + "\n")
+        with open(part, "w", encoding="utf-8") as f:
+            f.writelines(lines)
+        os.replace(part, target)
     finally:
-        if out is not sys.stdout:
-            out.close()
+        part.unlink(missing_ok=True)
     return 0
 
 
@@ -148,6 +163,13 @@ def _plan(args: argparse.Namespace) -> int:
     setup = Setup(root, Paths.for_model(root, spec.stem, spec))
     print(measure(setup).line())
     return 0
+
+
+def _port(value: str) -> int:
+    port = int(value) if value.isdigit() else -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port; use a number from 0 to 65535")
+    return port
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -196,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sv = sub.add_parser("serve", help="HTTP JSON API over the production model, with hot reload")
     sv.add_argument("--host", default="127.0.0.1")
-    sv.add_argument("--port", type=int, default=8080)
+    sv.add_argument("--port", type=_port, default=8080)
     sv.add_argument("--model", help="serve this model folder instead of production (not watched)")
     sv.set_defaults(func=_serve)
 
