@@ -128,9 +128,8 @@ def _predict(args: argparse.Namespace) -> int:
             + "; give a file path in an existing folder, e.g. predictions.jsonl."
         )
     loaded = load_servable(find_root(Path.cwd()), Path(args.model) if args.model else None)
-    lines = (
-        json.dumps(loaded.predict([t])[0], ensure_ascii=False) + "\n" for t in texts
-    )  # one at a time: own latency
+    # One query at a time, so each latency_ms is that query's own.
+    lines = (json.dumps(loaded.predict([t])[0], ensure_ascii=False) + "\n" for t in texts)
     if target is None:
         sys.stdout.writelines(lines)
         return 0
