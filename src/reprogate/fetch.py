@@ -12,10 +12,11 @@ import urllib.request
 from pathlib import Path
 
 import yaml
+from pydantic import ValidationError
 
 from reprogate.errors import UserError
 from reprogate.hashing import sha256_file
-from reprogate.specs import HfSource, LocalSource, Origin, UrlSource
+from reprogate.specs import FOLDERS, HfSource, LocalSource, Origin, UrlSource
 
 
 def mirror_dirs(root: Path) -> list[Path]:
@@ -26,14 +27,13 @@ def mirror_dirs(root: Path) -> list[Path]:
     else:
         params = root / "params.yaml"
         value = (yaml.safe_load(params.read_text()) or {}).get("mirror") if params.is_file() else None
-        if value is not None and not (
-            isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
-        ):
+        try:
+            entries = FOLDERS.validate_python(value)  # the rule params.yaml is validated with
+        except ValidationError:
             raise UserError(
                 f"{params}: field 'mirror' is {value!r}; write a folder path or a list of them, "
                 "e.g. ../shared/datasets."
-            )
-        entries = [value] if isinstance(value, str) and value else list(value or [])
+            ) from None
     return [d for d in ((root / e).resolve() for e in entries) if d.is_dir()]
 
 

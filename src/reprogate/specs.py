@@ -17,9 +17,11 @@ from typing import Annotated, Any, Literal, TypeVar
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
+    TypeAdapter,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -514,6 +516,13 @@ T = TypeVar("T", bound=Strict)
 SPEC_KINDS: dict[str, type[Strict]] = {"data": DataSpec, "model": ModelSpec, "gate": GateSpec}
 
 
+# One folder, or none, is a list too (params.yaml's `mirror`).
+Folders = Annotated[
+    list[str], BeforeValidator(lambda v: [v] if isinstance(v, str) and v else [] if v in (None, "") else v)
+]
+FOLDERS = TypeAdapter(Folders, config=ConfigDict(strict=True))
+
+
 class Params(Strict):
     """params.yaml: which specs the pipeline runs (no `kind`: it is the pipeline's own file)."""
 
@@ -522,14 +531,9 @@ class Params(Strict):
         min_length=1, description="model spec names, e.g. [ngram] for specs/models/ngram.yaml"
     )
     gate: str = Field(description="the gate spec, e.g. specs/gate.yaml")
-    mirror: list[str] = Field(
+    mirror: Folders = Field(
         default_factory=list, description="folders tried for raw data files before any download"
     )
-
-    @field_validator("mirror", mode="before")
-    @classmethod
-    def _one_folder(cls, v: Any) -> Any:
-        return [v] if isinstance(v, str) else [] if v is None else v
 
 
 def load_params(root: Path) -> Params:
