@@ -94,7 +94,7 @@ def format_validation_error(path: Path | str, err: ValidationError, model: type[
             key = str(e["loc"][-1])
             close = difflib.get_close_matches(key, accepted, n=1)
             where = "" if parent == "(top level)" else f" under '{parent}'"
-            hint = f"did you mean '{close[0]}'?" if close else "remove it"
+            hint = f"did you mean '{close[0]}'?" if close else "remove it."
             lines.append(
                 f"  - field '{parent + '.' if where else ''}{key}': unknown key '{key}'{where}; "
                 f"{hint} Accepted keys here: {', '.join(accepted)}."
