@@ -221,3 +221,19 @@ def test_offline_without_mirror_is_a_clear_error(tmp_path, monkeypatch):
 
 def _no_network(*a, **k):
     raise OSError("network is unreachable")
+
+
+def test_a_spreadsheet_csv_with_bom_and_crlf_reads_like_a_plain_one(tmp_path):
+    # Excel's "CSV UTF-8" starts with a byte-order mark and ends lines with CRLF.
+    for d in ("plain", "excel"):
+        (tmp_path / d).mkdir()
+    plain = _own_dataset(tmp_path / "plain", HOME, ["lights_on", "lights_off", "set_timer"])
+    excel = _own_dataset(tmp_path / "excel", HOME, ["lights_on", "lights_off", "set_timer"])
+    f = tmp_path / "excel" / "raw" / "commands.csv"
+    f.write_bytes(b"\xef\xbb\xbf" + f.read_bytes().replace(b"\r\n", b"\n").replace(b"\n", b"\r\n"))
+    raw = yaml.safe_load(excel.read_text())
+    raw["origins"]["mine"]["files"]["commands.csv"] = hashlib.sha256(f.read_bytes()).hexdigest()
+    excel.write_text(yaml.safe_dump(raw))
+    a, b = prepare(plain, tmp_path / "plain"), prepare(excel, tmp_path / "excel")
+    assert a["rows"] == b["rows"] and a["dropped"] == b["dropped"]
+    assert a["sha256"] == b["sha256"]  # the same prepared rows, byte for byte

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import threading
 import time
@@ -11,8 +12,11 @@ from pathlib import Path
 import httpx
 import jsonschema
 import pytest
+import torch
 import uvicorn
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from reprogate.inference import model_version
 from reprogate.serve import MAX_BATCH, MAX_BODY_BYTES, MAX_TEXT_CHARS, create_app
@@ -262,3 +266,86 @@ def test_predict_output_is_checked_first_and_replaced_whole(project):
         "turn off the lights",
     ]
     assert not list(project.glob(".out.jsonl.part"))
+
+
+def test_a_model_trained_on_a_gpu_is_served_on_a_cpu_only_host(project):
+    # A model folder whose spec says `device: cuda` (trained on a GPU box) still answers here:
+    # the serving device is --device (default auto), not the training spec's.
+    from tests.conftest import run_cli
+
+    gpu = project / "models" / "tiny_gpu"
+    shutil.copytree(project / "models" / "tiny", gpu)
+    config = json.loads((gpu / "config.json").read_text())
+    config["spec"]["device"] = "cuda"
+    (gpu / "config.json").write_text(json.dumps(config))
+    out = run_cli("predict", "--model", "models/tiny_gpu", "play some jazz", cwd=project, check=True)
+    assert json.loads(out.stdout)["intent"] == "play_music"
+    with TestClient(create_app(project, model_dir=gpu, device="cpu")) as c:
+        assert c.get("/version").json()["device"] == "cpu"
+        assert c.post("/predict", json={"text": "play some jazz"}).json()["predictions"][0]["intent"] == (
+            "play_music"
+        )
+    if not torch.cuda.is_available():
+        bad = run_cli("predict", "--device", "cuda", "play some jazz", cwd=project)
+        assert bad.returncode == 2 and "Traceback" not in bad.stderr
+        assert "--device is 'cuda', but this machine has no usable CUDA device" in bad.stderr
+        assert "--device cpu, or --device auto" in bad.stderr
+
+
+def test_predict_input_in_any_encoding_mistake_is_named_by_line(project):
+    from tests.conftest import run_cli
+
+    (project / "latin1.txt").write_bytes("play some jazz\ncaf\xe9 lights\n".encode("latin-1"))
+    (project / "broken.jsonl").write_text('{"text": "play some jazz"}\n{"text": "turn \\ud800 on"}\n')
+    surrogate = "an unpaired surrogate, not a Unicode character"
+    for args, where, fix in [
+        (["--input", "latin1.txt"], "latin1.txt:2: byte 0xe9 is not UTF-8", "save the file as UTF-8"),
+        (["--input", "broken.jsonl"], f"broken.jsonl:2: the query holds '\\ud800', {surrogate}", "UTF-8"),
+        # Python decodes bytes that are not UTF-8 on the command line into surrogates.
+        (
+            ["play some jazz", "caf\udce9"],
+            f"query 2 on the command line: the query holds '\\udce9', {surrogate}",
+            "UTF-8",
+        ),
+    ]:
+        proc = run_cli("predict", *args, cwd=project)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert where in proc.stderr and fix in proc.stderr, proc.stderr
+
+
+def test_predict_input_lines_are_split_on_newlines_only(project):
+    # One output line per input line: a BOM, CRLF endings and a U+2028 inside a JSON string
+    # (json.dumps(..., ensure_ascii=False) writes it raw) must not shift or split queries.
+    from tests.conftest import run_cli
+
+    (project / "windows.jsonl").write_bytes(
+        b'\xef\xbb\xbf{"text": "play some jazz"}\r\n{"text": "turn off \xe2\x80\xa8 the lights"}\r\n'
+    )
+    (project / "plain.txt").write_bytes(b"\xef\xbb\xbfplay some jazz\r\nset a timer\x0cfor 5 minutes\n")
+    for name, second in [
+        ("windows.jsonl", "turn off \u2028 the lights"),
+        ("plain.txt", "set a timer\x0cfor 5 minutes"),
+    ]:
+        proc = run_cli("predict", "--input", name, cwd=project, check=True)
+        # Our output survives str.splitlines too: U+2028 is written as an escape.
+        lines = [json.loads(x) for x in proc.stdout.splitlines()]
+        assert [x["text"] for x in lines] == ["play some jazz", second]
+        assert lines[0]["intent"] == "play_music"
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(min_size=1, max_size=400).filter(str.strip))
+def test_any_unicode_query_gets_a_well_formed_prediction(client, text):
+    # Queries nobody wrote a test for: any script, emoji, combining marks, control characters,
+    # long strings. The answer is always a 200 with a consistent Prediction object.
+    r = client.post("/predict", json={"text": text})
+    assert r.status_code == 200, r.text
+    (p,) = r.json()["predictions"]
+    assert p["text"] == text
+    alts = p["alternatives"]
+    assert len(alts) == 3 and [a["probability"] for a in alts] == sorted(
+        (a["probability"] for a in alts), reverse=True
+    )
+    assert alts[0]["intent"] == p["intent"] and alts[0]["probability"] == p["probability"]
+    assert 0.0 <= p["probability"] <= 1.0
+    assert (p["route"] == "act") == (p["reasons"] == []) and p["route"] in ("act", "review")

@@ -8,9 +8,14 @@ import os
 import sys
 from pathlib import Path
 
+from reprogate import jsonl
 from reprogate.errors import UserError
+from reprogate.runtime import DEVICES
 from reprogate.specs import find_root
 from reprogate.stages import NAMES
+
+# Serving is a deployment choice, separate from the device a model was trained on.
+DEVICE_HELP = "where to run the model (default auto: CUDA, else MPS, else CPU), whatever it was trained on"
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -90,7 +95,7 @@ def _read_inputs(args: argparse.Namespace) -> list[str]:
         path = Path(args.input)
         if not path.is_file():
             raise UserError(f"{path}: no such input file; give a .txt (one query per line) or .jsonl file.")
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = _lines(path)
         where = [f"{path}:{i}" for i in range(1, len(lines) + 1)]
         texts = lines
         if path.suffix == ".jsonl":
@@ -113,7 +118,31 @@ def _read_inputs(args: argparse.Namespace) -> list[str]:
         if not text.strip():
             # Refused rather than skipped: output line i answers input line i.
             raise UserError(f"{at}: the query is empty; give every query some text or remove it.")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            # Python turns undecodable argv bytes, and JSON's "\ud800"-style escapes, into these.
+            raise UserError(
+                f"{at}: the query holds {text[e.start]!r}, an unpaired surrogate, not a Unicode "
+                "character (bytes that were not UTF-8, or a broken \\u escape); send UTF-8 text."
+            ) from None
     return texts
+
+
+def _lines(path: Path) -> list[str]:
+    """The file's lines, split on newlines only: str.splitlines would also split inside a
+    query (or a JSON string) at U+2028, form feeds and the like. A UTF-8 BOM is dropped."""
+    data = path.read_bytes().removeprefix(b"\xef\xbb\xbf")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise UserError(
+            f"{path}:{line}: byte 0x{data[e.start]:02x} is not UTF-8; save the file as UTF-8 "
+            f"(for example `iconv -f latin1 -t utf-8 {path.name}`)."
+        ) from None
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    return lines[:-1] if lines and lines[-1] == "" else lines
 
 
 def _predict(args: argparse.Namespace) -> int:
@@ -127,9 +156,9 @@ def _predict(args: argparse.Namespace) -> int:
             + ("is a folder" if target.is_dir() else f"folder {target.parent} does not exist")
             + "; give a file path in an existing folder, e.g. predictions.jsonl."
         )
-    loaded = load_servable(find_root(Path.cwd()), Path(args.model) if args.model else None)
+    loaded = load_servable(find_root(Path.cwd()), Path(args.model) if args.model else None, args.device)
     # One query at a time, so each latency_ms is that query's own.
-    lines = (json.dumps(loaded.predict([t])[0], ensure_ascii=False) + "\n" for t in texts)
+    lines = (jsonl.line(loaded.predict([t])[0]) for t in texts)
     if target is None:
         sys.stdout.writelines(lines)
         return 0
@@ -147,7 +176,7 @@ def _predict(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from reprogate.serve import serve
 
-    serve(find_root(Path.cwd()), args.host, args.port, Path(args.model) if args.model else None)
+    serve(find_root(Path.cwd()), args.host, args.port, Path(args.model) if args.model else None, args.device)
     return 0
 
 
@@ -213,12 +242,14 @@ def build_parser() -> argparse.ArgumentParser:
     pd.add_argument("--input", help=".txt (one query per line) or .jsonl with a 'text' field")
     pd.add_argument("--output", help="write JSON lines here instead of stdout")
     pd.add_argument("--model", help="a model folder (default: the one in models/production.json)")
+    pd.add_argument("--device", choices=DEVICES, default="auto", help=DEVICE_HELP)
     pd.set_defaults(func=_predict)
 
     sv = sub.add_parser("serve", help="HTTP JSON API over the production model, with hot reload")
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=_port, default=8080)
     sv.add_argument("--model", help="serve this model folder instead of production (not watched)")
+    sv.add_argument("--device", choices=DEVICES, default="auto", help=DEVICE_HELP)
     sv.set_defaults(func=_serve)
 
     pl = sub.add_parser("plan", help="measure a few real steps and project time and memory")

@@ -37,7 +37,7 @@ def _src(*modules: str) -> list[str]:
 def prepare_stage(p: Pipeline) -> dict[str, Any]:
     return {
         "cmd": "reprogate stage prepare",
-        "deps": _src("fetch.py", "stages/prepare.py"),
+        "deps": _src("fetch.py", "jsonl.py", "stages/prepare.py"),
         "params": [{p.data: None}],
         "outs": ["data/prepared"],
         "metrics": [{"metrics/data.json": {"cache": False}}],
@@ -190,7 +190,7 @@ def evaluate_stage(p: Pipeline) -> dict[str, Any]:
                 "data/features/${key}",
                 *MODEL_FILES,
                 "models/${key}/calibration.json",
-                *_src(*SCORING, "models/${item.family}.py", "stages/evaluate.py"),
+                *_src(*SCORING, "models/${item.family}.py", "jsonl.py", "stages/evaluate.py"),
             ],
             "params": [{p.data: None}],
             "outs": ["predictions/${key}"],

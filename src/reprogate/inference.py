@@ -18,9 +18,8 @@ from safetensors.torch import load_file
 
 from reprogate.errors import UserError
 from reprogate.hashing import sha256_file
-from reprogate.specs import ModelSpec
+from reprogate.specs import OOS_LABEL, ModelSpec
 from reprogate.stages.gate import PRODUCTION
-from reprogate.trainer import OOS_LABEL
 
 N_BINS = 15
 
@@ -40,9 +39,11 @@ class Policy:
 class Scorer:
     """Logits of a trained model for prepared splits (cached features) or raw texts."""
 
-    def __init__(self, root: Path, name: str, model_dir: Path | None = None):
+    def __init__(self, root: Path, name: str, model_dir: Path | None = None, device: str | None = None):
+        """`device` (auto|cpu|cuda|mps) overrides the spec's training device: serving is a
+        deployment choice, and a model trained on a GPU must answer on a CPU-only host."""
         from reprogate import models
-        from reprogate.runtime import configure_mps_env, select_device
+        from reprogate.runtime import SERVE_DEVICE_FIX, configure_mps_env, resolve_device, select_device
 
         self.root, self.name = root, name
         self.dir = model_dir or root / "models" / name
@@ -52,7 +53,10 @@ class Scorer:
         self.labels: list[str] = json.loads((self.dir / "labels.json").read_text())
         self.spec = ModelSpec.model_validate(config["spec"])
         configure_mps_env(self.spec)
-        self.device = select_device(self.spec, self.dir / "config.json")
+        if device is None:
+            self.device = select_device(self.spec, self.dir / "config.json")
+        else:
+            self.device = resolve_device(device, "--device", SERVE_DEVICE_FIX)
         torch.set_num_threads(self.spec.threads)
         self.model, self.featurizer = models.build(self.spec, len(self.labels), root)
         state = load_file(str(self.dir / "model.safetensors"))
@@ -63,6 +67,7 @@ class Scorer:
         self.model.to(self.device).eval()
         self.fingerprint = json.loads((self.dir / "fingerprint.json").read_text())
         if self.spec.family == "ensemble":
+            self.featurizer.device = device  # members are scored where the ensemble is
             self._check_members()
 
     def _check_members(self) -> None:
@@ -323,9 +328,9 @@ def _check_production_files(root: Path, record: dict[str, Any]) -> None:
         )
 
 
-def load_servable(root: Path, model_dir: Path | None = None) -> Loaded:
-    """The production model (or `model_dir`) with its calibration, loaded and warmed up.
-    Used by `reprogate predict` and `reprogate serve`."""
+def load_servable(root: Path, model_dir: Path | None = None, device: str = "auto") -> Loaded:
+    """The production model (or `model_dir`) with its calibration, loaded on `device` and
+    warmed up. Used by `reprogate predict` and `reprogate serve`."""
     record: dict[str, Any] = {}
     source = None
     if model_dir is None:
@@ -342,7 +347,7 @@ def load_servable(root: Path, model_dir: Path | None = None) -> Loaded:
         raise UserError(
             f"{model_dir}: no calibration.json; run `dvc repro calibrate@{model_dir.name}` first."
         )
-    scorer = Scorer(root, model_dir.name, model_dir)
+    scorer = Scorer(root, model_dir.name, model_dir, device=device)
     loaded = Loaded(
         name=model_dir.name,
         version=record.get("model_version") or model_version(model_dir),

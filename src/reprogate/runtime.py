@@ -20,6 +20,8 @@ from reprogate.errors import UserError
 from reprogate.specs import ModelSpec
 
 PACKAGES = ("torch", "numpy", "transformers", "peft", "safetensors", "reprogate")
+DEVICES = ("auto", "cpu", "cuda", "mps")
+SERVE_DEVICE_FIX = "Use --device cpu, or --device auto (the default) to take the best device present."
 
 
 def configure_mps_env(spec: ModelSpec) -> None:
@@ -30,29 +32,36 @@ def configure_mps_env(spec: ModelSpec) -> None:
 
 
 def select_device(spec: ModelSpec, spec_path: Path | str):
+    device = resolve_device(
+        spec.device,
+        f"{spec_path}: field 'device'",
+        "Use device: cpu, or device: auto to take the best device present.",
+    )
+    if spec.precision == "fp16" and device.type != "cuda":
+        raise UserError(
+            f"{spec_path}: field 'precision' is 'fp16', which needs CUDA, but the device is "
+            f"'{device.type}'. Use fp32 or bf16."
+        )
+    return device
+
+
+def resolve_device(want: str, what: str, fix: str):
+    """`want` (auto|cpu|cuda|mps) as a torch device; `what` names where it was asked for."""
     import torch
 
     has_cuda = torch.cuda.is_available()
     has_mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
-    want = spec.device
     if want == "auto":
         want = "cuda" if has_cuda else "mps" if has_mps else "cpu"
     if want == "cuda" and not has_cuda:
         raise UserError(
-            f"{spec_path}: field 'device' is 'cuda', but this machine has no usable CUDA device "
-            f"(torch {torch.__version__}, built for CUDA {torch.version.cuda or 'none'}). Use "
-            "device: cpu, or device: auto to take the best device present."
+            f"{what} is 'cuda', but this machine has no usable CUDA device "
+            f"(torch {torch.__version__}, built for CUDA {torch.version.cuda or 'none'}). {fix}"
         )
     if want == "mps" and not has_mps:
         raise UserError(
-            f"{spec_path}: field 'device' is 'mps', but Apple MPS is not available here "
-            f"({platform.system()} {platform.machine()}, torch {torch.__version__}). Use device: "
-            "cpu, or device: auto to take the best device present."
-        )
-    if spec.precision == "fp16" and want != "cuda":
-        raise UserError(
-            f"{spec_path}: field 'precision' is 'fp16', which needs CUDA, but the device is "
-            f"'{want}'. Use fp32 or bf16."
+            f"{what} is 'mps', but Apple MPS is not available here "
+            f"({platform.system()} {platform.machine()}, torch {torch.__version__}). {fix}"
         )
     return torch.device(want)
 

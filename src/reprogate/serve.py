@@ -80,9 +80,9 @@ class ErrorResponse(BaseModel):
 class Holder:
     """The model being served, and the watcher that swaps in a newly promoted one."""
 
-    def __init__(self, root: Path, model_dir: Path | None, interval: float):
-        self.root, self.model_dir, self.interval = root, model_dir, interval
-        self.current = load(root, model_dir)
+    def __init__(self, root: Path, model_dir: Path | None, interval: float, device: str = "auto"):
+        self.root, self.model_dir, self.interval, self.device = root, model_dir, interval, device
+        self.current = load(root, model_dir, device)
         self.reload_error: str | None = None
         self.reloads = 0
         self._stop = threading.Event()
@@ -94,7 +94,7 @@ class Holder:
         if sha is None or sha == self.current.source_sha256:
             return False
         try:
-            fresh = load(self.root)
+            fresh = load(self.root, device=self.device)
         except Exception as e:  # keep serving the old model; say why on /healthz
             self.reload_error = f"{type(e).__name__}: {e}"
             log.error("reload failed, still serving %s: %s", self.current.version, self.reload_error)
@@ -125,9 +125,11 @@ def _error(status: int, message: str, details: list | None = None) -> JSONRespon
     return JSONResponse(status_code=status, content={"error": message, "details": details or []})
 
 
-def create_app(root: Path, model_dir: Path | None = None, watch_interval: float = 1.0) -> FastAPI:
+def create_app(
+    root: Path, model_dir: Path | None = None, watch_interval: float = 1.0, device: str = "auto"
+) -> FastAPI:
     # Loaded here, before the server listens: a broken model is a clear error at start-up.
-    holder = {"h": Holder(root, model_dir, watch_interval)}
+    holder = {"h": Holder(root, model_dir, watch_interval, device)}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -203,13 +205,14 @@ def create_app(root: Path, model_dir: Path | None = None, watch_interval: float 
                 "margin": cur.policy.margin,
             },
             "labels": len(cur.scorer.labels),
+            "device": str(cur.scorer.device),
         }
 
     return app
 
 
-def serve(root: Path, host: str, port: int, model_dir: Path | None) -> None:
+def serve(root: Path, host: str, port: int, model_dir: Path | None, device: str = "auto") -> None:
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    uvicorn.run(create_app(root, model_dir), host=host, port=port, log_level="info")
+    uvicorn.run(create_app(root, model_dir, device=device), host=host, port=port, log_level="info")

@@ -30,6 +30,9 @@ from pydantic import (
 
 from reprogate.errors import UserError, format_validation_error
 
+# The name of a model's own out-of-scope output (head.out_of_scope_class): no intent may use it.
+OOS_LABEL = "out_of_scope"
+
 Sha256 = Annotated[
     str,
     StringConstraints(pattern=r"^[0-9a-f]{64}$"),
@@ -183,6 +186,14 @@ class DataSpec(Strict):
             raise ValueError(f"labels must be unique; repeated: {sorted(set(dup))}")
         if any(not x.strip() for x in v):
             raise ValueError("labels must be non-empty strings")
+        if OOS_LABEL in v:
+            # Models name their own out-of-scope output so; a real intent of that name would
+            # never be acted on.
+            raise ValueError(
+                f"label '{OOS_LABEL}' is reserved for the models' out-of-scope class; rename the "
+                "intent, or if it marks queries not to act on, declare them under negatives (training) "
+                "and eval_sets with kind: out_of_scope (evaluation)"
+            )
         return v
 
     @model_validator(mode="after")

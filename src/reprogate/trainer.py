@@ -32,7 +32,6 @@ from tqdm import tqdm
 from reprogate import checkpoint
 from reprogate.runtime import rank_and_world
 
-OOS_LABEL = "out_of_scope"
 PAUSE_ENV = "REPROGATE_PAUSE_AT"
 
 

@@ -20,18 +20,23 @@ from reprogate.specs import ModelSpec
 class EnsembleFeaturizer:
     def __init__(self, root: Path, members: list[str]):
         self.root, self.members = root, members
+        self.device: str | None = None  # None: each member on its own spec's device
         self._scorers = None
         self._key: dict | None = None
 
     def scorers(self):
         if self._scorers is None:
-            from reprogate.inference import Policy, Scorer
+            from reprogate.inference import Scorer
 
             self._scorers = [
-                (Scorer(self.root, m), Policy.load(self.root / "models" / m / "calibration.json").temperature)
-                for m in self.members
+                (Scorer(self.root, m, device=self.device), self._temperature(m)) for m in self.members
             ]
         return self._scorers
+
+    def _temperature(self, member: str) -> float:
+        from reprogate.inference import Policy
+
+        return Policy.load(self.root / "models" / member / "calibration.json").temperature
 
     @staticmethod
     def _stack(logits_per_member) -> torch.Tensor:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from reprogate import jsonl
 from reprogate.hashing import sha256_file
 from reprogate.inference import (
     Policy,
@@ -101,7 +102,7 @@ def run(root: Path, name: str) -> dict[str, Any]:
                     **prediction(p, labels, policy, oos),
                     "model_version": version,
                 }
-                f.write(json.dumps(obj, ensure_ascii=False) + "\n")
+                f.write(jsonl.line(obj))
         # The content hash lets the gate refuse to compare accuracies measured on different data.
         set_hash = sha256_file(root / PREPARED / f"{split}.jsonl")
         if kind == "out_of_scope":

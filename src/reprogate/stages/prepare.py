@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from reprogate import jsonl
 from reprogate.errors import UserError
 from reprogate.fetch import fetch_origin
 from reprogate.hashing import sha256_file
@@ -112,7 +113,8 @@ def _parse_table(t: Table, path: Path) -> list[tuple[str, str, str | None]]:
         return []
     with tempfile.TemporaryDirectory() as cache:
         if t.format == "csv":
-            with open(path, newline="", encoding="utf-8") as f:
+            # utf-8-sig: spreadsheets save "CSV UTF-8" with a BOM, which pandas drops too.
+            with open(path, newline="", encoding="utf-8-sig") as f:
                 reader = csv.reader(f)
                 header = next(reader, [])
                 if next(reader, None) is None:
@@ -223,7 +225,7 @@ def _write_jsonl(path: Path, rows: list[Row]) -> str:
             obj = {"id": r.id, "text": r.text, "label": r.label}
             if r.label is None:
                 obj["source_label"] = r.source_label
-            f.write(json.dumps(obj, ensure_ascii=False, sort_keys=True) + "\n")
+            f.write(jsonl.line(obj, sort_keys=True))
     return sha256_file(path)
 
 

@@ -70,8 +70,9 @@ def code_hash() -> str:
 
 
 def load_train_data(root: Path, spec: ModelSpec, spec_path: Path):
+    from reprogate.specs import OOS_LABEL
     from reprogate.stages.features import require_prepared
-    from reprogate.trainer import OOS_LABEL, Example, TrainData, read_jsonl
+    from reprogate.trainer import Example, TrainData, read_jsonl
 
     prepared = require_prepared(root, spec_path)
     labels = json.loads((prepared / "labels.json").read_text())
