@@ -343,6 +343,12 @@ def test_promote_refuses_a_dirty_workspace_then_commits_and_tags(home):
     prod = json.loads((home / "models/production.json").read_text())
     assert prod["model"] == chosen and prod["code_commit"] == _git(home, "rev-parse", "HEAD~1").strip()
     assert f"models/{chosen}/model.safetensors" in prod["artifacts"]
+    # The promoted files are kept beside the record (git-ignored): production outlives a retrain.
+    kept = home / "models/.promoted" / prod["model_version"] / chosen
+    assert (kept / "model.safetensors").read_bytes() == (
+        home / f"models/{chosen}/model.safetensors"
+    ).read_bytes()
+    assert _git(home, "status", "--porcelain").strip() == ""
     message = _git(home, "log", "-1", "--format=%B")
     for rule in (
         "heldout_accuracy",

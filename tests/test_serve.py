@@ -18,9 +18,10 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from reprogate.errors import UserError
 from reprogate.inference import model_version
 from reprogate.serve import MAX_BATCH, MAX_BODY_BYTES, MAX_TEXT_CHARS, create_app
-from reprogate.stages import calibrate, train
+from reprogate.stages import calibrate, combine, train
 from tests.conftest import TINY_NGRAM, make_home_project, write_model_spec
 
 
@@ -209,11 +210,8 @@ def test_a_broken_promotion_keeps_the_old_model(project):
             _promote_by_hand(project, "tiny")
 
 
-def test_production_is_served_only_from_the_promoted_files(tmp_path):
-    from reprogate.errors import UserError
-    from reprogate.inference import Scorer, load_servable
-    from reprogate.stages import combine
-
+def _duo_project(tmp_path: Path) -> Path:
+    """The home project with two trained, calibrated ngram models and their ensemble `duo`."""
     root = make_home_project(tmp_path)
     write_model_spec(root, "tiny2", dict(TINY_NGRAM, seed=11, ngram={"buckets": 2048, "dim": 8}))
     write_model_spec(
@@ -225,6 +223,13 @@ def test_production_is_served_only_from_the_promoted_files(tmp_path):
         calibrate.run(root, name, root / "specs" / "gate.yaml")
     combine.run(root, "duo")
     calibrate.run(root, "duo", root / "specs" / "gate.yaml")
+    return root
+
+
+def test_production_is_served_only_from_the_promoted_files(tmp_path):
+    from reprogate.inference import Scorer, load_servable
+
+    root = _duo_project(tmp_path)
     _promote_by_hand(root, "tiny")
     assert load_servable(root).version == model_version(root / "models" / "tiny")
 
@@ -349,3 +354,52 @@ def test_any_unicode_query_gets_a_well_formed_prediction(client, text):
     assert alts[0]["intent"] == p["intent"] and alts[0]["probability"] == p["probability"]
     assert 0.0 <= p["probability"] <= 1.0
     assert (p["route"] == "act") == (p["reasons"] == []) and p["route"] in ("act", "review")
+
+
+def test_production_outlives_a_retrain_and_a_revert_brings_the_old_model_back(tmp_path):
+    from reprogate.inference import load_servable
+    from reprogate.promote import keep_promoted
+    from reprogate.serve import Holder
+
+    root = _duo_project(tmp_path)
+    queries = ["turn off the hall lights", "play some jazz", "what is the weather like"]
+
+    def answers(loaded) -> list[tuple]:
+        return [(p["intent"], p["probability"], p["route"]) for p in loaded.predict(queries)]
+
+    # Promotion 1: the ensemble (promote keeps a copy of it and of both members).
+    v1 = model_version(root / "models" / "duo")
+    keep_promoted(root, "duo", v1)
+    _promote_by_hand(root, "duo")
+    first = load_servable(root)
+    assert first.version == v1 and first.scorer.dir == root / "models/.promoted" / v1 / "duo"
+    before = answers(first)
+    record_v1 = (root / "models" / "production.json").read_text()
+
+    # A member and the ensemble retrained and recombined in the workspace: production still
+    # answers, from the promoted files, exactly as before.
+    write_model_spec(root, "tiny", dict(TINY_NGRAM, seed=4))
+    train.run(root, train.Paths.for_model(root, "tiny"), skip_plan=True, log=lambda s: None)
+    calibrate.run(root, "tiny", root / "specs" / "gate.yaml")
+    combine.run(root, "duo")
+    calibrate.run(root, "duo", root / "specs" / "gate.yaml")
+    v2 = model_version(root / "models" / "duo")
+    assert v2 != v1
+    assert load_servable(root).version == v1 and answers(load_servable(root)) == before
+
+    # Promotion 2, then its revert (production.json back to record 1): the server swaps the
+    # old ensemble back in, though the workspace only holds the new one.
+    keep_promoted(root, "duo", v2)
+    _promote_by_hand(root, "duo")
+    holder = Holder(root, None, 3600)
+    assert holder.current.version == v2
+    (root / "models" / "production.json").write_text(record_v1)
+    assert holder.check() and holder.reload_error is None
+    assert holder.current.version == v1 and answers(holder.current) == before
+
+    # A tampered copy is not served under production's version.
+    (root / "models/.promoted" / v1 / "tiny" / "calibration.json").write_text(
+        (root / "models" / "tiny" / "calibration.json").read_text()
+    )
+    with pytest.raises(UserError, match=r"calibration|retrained since|combined from other versions"):
+        load_servable(root)

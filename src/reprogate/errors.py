@@ -71,7 +71,7 @@ _FIXES = {
     "float_type": "write a number without quotes, e.g. 0.001",
     "float_parsing": "write a number without quotes, e.g. 0.001",
     "bool_type": "write true or false",
-    "string_type": "write a text value (quote it if it looks like a number)",
+    "string_type": "write a text value; quote it if YAML reads it as a number or as yes/no/on/off",
     "list_type": "write a YAML list, e.g. [a, b]",
     "dict_type": "write a YAML mapping (key: value lines)",
     "model_type": "write a YAML mapping (key: value lines)",

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from reprogate.errors import UserError
 from reprogate.hashing import sha256_file
 from reprogate.specs import OOS_LABEL, ModelSpec
-from reprogate.stages.gate import PRODUCTION
+from reprogate.stages.gate import PRODUCTION, PROMOTED
 
 N_BINS = 15
 
@@ -39,9 +39,17 @@ class Policy:
 class Scorer:
     """Logits of a trained model for prepared splits (cached features) or raw texts."""
 
-    def __init__(self, root: Path, name: str, model_dir: Path | None = None, device: str | None = None):
+    def __init__(
+        self,
+        root: Path,
+        name: str,
+        model_dir: Path | None = None,
+        device: str | None = None,
+        members_dir: Path | None = None,
+    ):
         """`device` (auto|cpu|cuda|mps) overrides the spec's training device: serving is a
-        deployment choice, and a model trained on a GPU must answer on a CPU-only host."""
+        deployment choice, and a model trained on a GPU must answer on a CPU-only host.
+        `members_dir` holds an ensemble's member folders (default models/)."""
         from reprogate import models
         from reprogate.runtime import SERVE_DEVICE_FIX, configure_mps_env, resolve_device, select_device
 
@@ -68,6 +76,7 @@ class Scorer:
         self.fingerprint = json.loads((self.dir / "fingerprint.json").read_text())
         if self.spec.family == "ensemble":
             self.featurizer.device = device  # members are scored where the ensemble is
+            self.featurizer.models_dir = members_dir or self.featurizer.models_dir
             self._check_members()
 
     def _check_members(self) -> None:
@@ -305,12 +314,11 @@ def production_sha256(root: Path) -> str | None:
     return sha256_file(path) if path.is_file() else None
 
 
-def _check_production_files(root: Path, record: dict[str, Any]) -> None:
-    """Serve production's model only if the workspace holds what was promoted: after a retrain,
-    models/<m>/ is a candidate and must not answer under production's version. Compared: the
-    version (weights, and an ensemble's members) and the calibrated policy, not files such as
-    the fingerprint that change with unrelated code."""
-    model_dir = root / "models" / record["model"]
+def _check_production_files(root: Path, record: dict[str, Any], model_dir: Path) -> None:
+    """Serve production's model only from what was promoted: after a retrain, models/<m>/ is a
+    candidate and must not answer under production's version. Compared: the version (weights,
+    and an ensemble's members) and the calibrated policy, not files such as the fingerprint
+    that change with unrelated code."""
     why = None
     if not (model_dir / "model.safetensors").is_file() or not (model_dir / "calibration.json").is_file():
         why = f"{model_dir} is not built in this workspace"
@@ -322,10 +330,25 @@ def _check_production_files(root: Path, record: dict[str, Any]) -> None:
         why = f"{model_dir}/calibration.json was refitted since"
     if why:
         raise UserError(
-            f"{root / PRODUCTION} pins {record.get('model_version')}, but {why}. Run `make repro` on the "
-            "promotion's commit to rebuild it (it is reproducible), promote the new candidate after a "
-            f"passing gate, or serve the workspace's model explicitly with --model models/{record['model']}."
+            f"{root / PRODUCTION} pins {record.get('model_version')}, but {why}, and there is no copy "
+            f"in {PROMOTED / str(record.get('model_version'))} (promote keeps one). Run `make repro` on "
+            "the promotion's commit to rebuild it (it is reproducible), promote the new candidate after "
+            "a passing gate, or serve the workspace's model explicitly with "
+            f"--model models/{record['model']}."
         )
+
+
+def production_files(root: Path, record: dict[str, Any]) -> tuple[Path, Path]:
+    """(model folder, members folder) of the promoted model: the copy promote kept under
+    models/.promoted/<version>/ if there is one, else the workspace's models/ if it still
+    holds exactly the promoted files."""
+    version = record.get("model_version")
+    kept = root / PROMOTED / str(version)
+    if isinstance(version, str) and (kept / record["model"]).is_dir():
+        _check_production_files(root, record, kept / record["model"])
+        return kept / record["model"], kept
+    _check_production_files(root, record, root / "models" / record["model"])
+    return root / "models" / record["model"], root / "models"
 
 
 def load_servable(root: Path, model_dir: Path | None = None, device: str = "auto") -> Loaded:
@@ -341,13 +364,14 @@ def load_servable(root: Path, model_dir: Path | None = None, device: str = "auto
                 f"{root / PRODUCTION}: no model in production yet; run `reprogate promote` after a "
                 "passing gate, or pass --model models/NAME."
             )
-        model_dir = root / "models" / record["model"]
-        _check_production_files(root, record)
+        model_dir, members_dir = production_files(root, record)
+    else:
+        members_dir = model_dir.parent
     if not (model_dir / "calibration.json").is_file():
         raise UserError(
             f"{model_dir}: no calibration.json; run `dvc repro calibrate@{model_dir.name}` first."
         )
-    scorer = Scorer(root, model_dir.name, model_dir, device=device)
+    scorer = Scorer(root, model_dir.name, model_dir, device=device, members_dir=members_dir)
     loaded = Loaded(
         name=model_dir.name,
         version=record.get("model_version") or model_version(model_dir),

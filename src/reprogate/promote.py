@@ -2,8 +2,9 @@
 
 Refuses unless metrics/gate.json chose a candidate, the workspace has no uncommitted change,
 and `dvc status` shows every output up to date (so the gate's evidence belongs to this
-commit). Then writes models/production.json, commits it with every gate rule and value in
-the message, and adds an annotated tag in GTO's format `<artifact>#prod#<n>`.
+commit). Then keeps a copy of the model's files in models/.promoted/<version>/ (git-ignored),
+writes models/production.json, commits it with every gate rule and value in the message, and
+adds an annotated tag in GTO's format `<artifact>#prod#<n>`.
 `git log -- models/production.json` is the promotion history; reverting a promotion commit
 is a rollback.
 """
@@ -11,15 +12,17 @@ is a rollback.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from reprogate.errors import UserError
 from reprogate.hashing import sha256_file
 from reprogate.specs import load_params, load_spec, spec_hash
-from reprogate.stages.gate import PRODUCTION
+from reprogate.stages.gate import PRODUCTION, PROMOTED
 
 STAGE = "prod"
 
@@ -108,12 +111,39 @@ def plan(root: Path) -> dict[str, Any]:
     return {"record": record, "tag": f"{name}#{STAGE}#{n}", "message": "\n".join(lines)}
 
 
+def keep_promoted(root: Path, name: str, version: str) -> Path:
+    """Copy models/<name>/ (and an ensemble's member folders) to models/.promoted/<version>/:
+    production then answers from these files after a retrain, and reverting a promotion finds
+    the old model's files. Written whole (temporary folder, then rename) before the commit."""
+    from reprogate.inference import model_version  # imports torch: only when promoting
+
+    dest = root / PROMOTED / version
+    if dest.is_dir():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fingerprint = json.loads((root / "models" / name / "fingerprint.json").read_text())
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=dest.parent))
+    try:
+        for folder in [name, *fingerprint.get("members", {})]:
+            shutil.copytree(root / "models" / folder, tmp / folder)
+        if (kept := model_version(tmp / name)) != version:
+            raise UserError(f"models/{name} holds {kept}, not the gate's {version}; run `dvc repro` first.")
+        tmp.rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
 def promote(root: Path, dry_run: bool = False) -> str:
     p = plan(root)
+    record = p["record"]
     if dry_run:
-        return f"would write {PRODUCTION}, commit and tag {p['tag']}:\n\n{p['message']}\n\n" + json.dumps(
-            p["record"], indent=2, sort_keys=True
+        return (
+            f"would write {PRODUCTION}, commit and tag {p['tag']}, and keep a copy of models/"
+            f"{record['model']} in {PROMOTED / record['model_version']}:\n\n{p['message']}\n\n"
+            + json.dumps(record, indent=2, sort_keys=True)
         )
+    keep_promoted(root, record["model"], record["model_version"])
     path = root / PRODUCTION
     path.write_text(json.dumps(p["record"], indent=2, sort_keys=True) + "\n")
     _git(root, "add", str(PRODUCTION))

@@ -206,6 +206,7 @@ def create_app(
             },
             "labels": len(cur.scorer.labels),
             "device": str(cur.scorer.device),
+            "files": str(cur.scorer.dir),
         }
 
     return app

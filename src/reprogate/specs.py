@@ -604,18 +604,40 @@ def resolve_encoder_path(model: str, root: Path) -> str:
     )
 
 
+class _SpecLoader(yaml.SafeLoader):
+    """safe_load, except that a key given twice in one mapping is an error: PyYAML would keep
+    the last one silently, and a spec would train with a value its author did not see."""
+
+    def construct_mapping(self, node, deep=False):
+        self.flatten_mapping(node)
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line)
+            except TypeError:  # an unhashable key: the base class reports it
+                continue
+            if first != key_node.start_mark.line:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice (first at line {first + 1})", key_node.start_mark
+                )
+        return super().construct_mapping(node, deep)
+
+
+_SpecLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _SpecLoader.construct_mapping)
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"{path}: file not found; check the path (specs live under specs/).")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_SpecLoader)  # noqa: S506 (safe loader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e)
-        raise UserError(
-            f"{path}: not valid YAML{where}: {problem}. Fix the indentation or quoting there."
-        ) from None
+        fix = "keep one of them" if "given twice" in problem else "fix the indentation or quoting there"
+        raise UserError(f"{path}: not valid YAML{where}: {problem}; {fix}.") from None
     except UnicodeDecodeError as e:
         raise UserError(f"{path}: not UTF-8 text ({e.reason}); save it as UTF-8.") from None
     if not isinstance(raw, dict):

@@ -20,6 +20,7 @@ from reprogate.specs import ModelSpec
 class EnsembleFeaturizer:
     def __init__(self, root: Path, members: list[str]):
         self.root, self.members = root, members
+        self.models_dir = root / "models"  # where the member folders are (or a promoted copy)
         self.device: str | None = None  # None: each member on its own spec's device
         self._scorers = None
         self._key: dict | None = None
@@ -29,14 +30,15 @@ class EnsembleFeaturizer:
             from reprogate.inference import Scorer
 
             self._scorers = [
-                (Scorer(self.root, m, device=self.device), self._temperature(m)) for m in self.members
+                (Scorer(self.root, m, self.models_dir / m, self.device), self._temperature(m))
+                for m in self.members
             ]
         return self._scorers
 
     def _temperature(self, member: str) -> float:
         from reprogate.inference import Policy
 
-        return Policy.load(self.root / "models" / member / "calibration.json").temperature
+        return Policy.load(self.models_dir / member / "calibration.json").temperature
 
     @staticmethod
     def _stack(logits_per_member) -> torch.Tensor:
@@ -55,7 +57,7 @@ class EnsembleFeaturizer:
     def key(self) -> dict:
         # Members do not change while this process runs: hash their (large) weights once.
         if self._key is None:
-            d = self.root / "models"
+            d = self.models_dir
             self._key = {
                 "family": "ensemble",
                 "members": {
