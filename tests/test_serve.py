@@ -403,3 +403,12 @@ def test_production_outlives_a_retrain_and_a_revert_brings_the_old_model_back(tm
     )
     with pytest.raises(UserError, match=r"calibration|retrained since|combined from other versions"):
         load_servable(root)
+
+
+@pytest.mark.parametrize("command", [["predict", "play some jazz"], ["serve"], ["promote"], ["history"]])
+def test_outside_a_project_the_command_says_so(tmp_path, command):
+    from tests.conftest import run_cli
+
+    proc = run_cli(*command, cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"{tmp_path}: not inside a reprogate project (no params.yaml" in proc.stderr

@@ -75,15 +75,26 @@ def _stage(args: argparse.Namespace) -> int:
 def _promote(args: argparse.Namespace) -> int:
     from reprogate.promote import promote
 
-    print(promote(find_root(Path.cwd()), dry_run=args.dry_run))
+    print(promote(_project(), dry_run=args.dry_run))
     return 0
 
 
 def _history(args: argparse.Namespace) -> int:
     from reprogate.promote import history
 
-    print(history(find_root(Path.cwd())))
+    print(history(_project()))
     return 0
+
+
+def _project() -> Path:
+    """The project this command works on; outside one, say so rather than report a missing file."""
+    root = find_root(Path.cwd())
+    if not (root / "params.yaml").is_file():
+        raise UserError(
+            f"{Path.cwd()}: not inside a reprogate project (no params.yaml here or in a parent "
+            "folder); run this from the project's folder, the one with params.yaml and dvc.yaml."
+        )
+    return root
 
 
 def _read_inputs(args: argparse.Namespace) -> list[str]:
@@ -156,7 +167,7 @@ def _predict(args: argparse.Namespace) -> int:
             + ("is a folder" if target.is_dir() else f"folder {target.parent} does not exist")
             + "; give a file path in an existing folder, e.g. predictions.jsonl."
         )
-    loaded = load_servable(find_root(Path.cwd()), Path(args.model) if args.model else None, args.device)
+    loaded = load_servable(_project(), Path(args.model) if args.model else None, args.device)
     # One query at a time, so each latency_ms is that query's own.
     lines = (jsonl.line(loaded.predict([t])[0]) for t in texts)
     if target is None:
@@ -176,7 +187,7 @@ def _predict(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from reprogate.serve import serve
 
-    serve(find_root(Path.cwd()), args.host, args.port, Path(args.model) if args.model else None, args.device)
+    serve(_project(), args.host, args.port, Path(args.model) if args.model else None, args.device)
     return 0
 
 
