@@ -302,6 +302,9 @@ def test_predict_input_in_any_encoding_mistake_is_named_by_line(project):
 
     (project / "latin1.txt").write_bytes("play some jazz\ncaf\xe9 lights\n".encode("latin-1"))
     (project / "broken.jsonl").write_text('{"text": "play some jazz"}\n{"text": "turn \\ud800 on"}\n')
+    (project / "queries.csv").write_text("text,label\nplay some jazz,play_music\n")
+    proc = run_cli("predict", "--input", "queries.csv", cwd=project)
+    assert proc.returncode == 2 and "--input takes a .txt file" in proc.stderr and "not .csv" in proc.stderr
     surrogate = "an unpaired surrogate, not a Unicode character"
     for args, where, fix in [
         (["--input", "latin1.txt"], "latin1.txt:2: byte 0xe9 is not UTF-8", "save the file as UTF-8"),

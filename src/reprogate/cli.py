@@ -106,6 +106,13 @@ def _read_inputs(args: argparse.Namespace) -> list[str]:
         path = Path(args.input)
         if not path.is_file():
             raise UserError(f"{path}: no such input file; give a .txt (one query per line) or .jsonl file.")
+        if path.suffix.lower() not in (".txt", ".jsonl", ""):
+            # A CSV or JSON file read as lines would predict on its header and its syntax.
+            raise UserError(
+                f"{path}: --input takes a .txt file (one query per line) or a .jsonl file (one "
+                f'{{"text": ...}} object per line), not {path.suffix}; convert it, or rename it to .txt '
+                "if it really is one query per line."
+            )
         lines = _lines(path)
         where = [f"{path}:{i}" for i in range(1, len(lines) + 1)]
         texts = lines
