@@ -116,6 +116,21 @@ def test_bad_requests_get_4xx_and_the_server_keeps_answering(client):
     assert ok.status_code == 200 and ok.json()["predictions"][0]["intent"] == "weather"
 
 
+def test_a_body_over_the_limit_is_refused_also_without_content_length(client):
+    # Chunked transfer has no Content-Length: the limit must hold while the body is read.
+    def chunks(total: int):
+        yield b'{"text": "'
+        for _ in range(total // 65536):
+            yield b"a" * 65536
+        yield b'"}'
+
+    json_type = {"content-type": "application/json"}
+    r = client.post("/predict", content=chunks(16 * MAX_BODY_BYTES), headers=json_type)
+    assert r.status_code == 413 and f"over {MAX_BODY_BYTES} bytes" in r.json()["error"]
+    small = client.post("/predict", content=iter([b'{"text": "play ', b'some jazz"}']), headers=json_type)
+    assert small.status_code == 200 and small.json()["predictions"][0]["intent"] == "play_music"
+
+
 def test_error_messages_say_what_to_send(client):
     r = client.post("/predict", json={"txt": "a"})
     assert r.status_code == 422 and '{"text": "..."}' in r.json()["error"]

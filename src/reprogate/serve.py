@@ -121,6 +121,48 @@ class Holder:
             self._thread.join(timeout=5)
 
 
+class BodyLimit:
+    """413 for a request body over `limit` bytes, whether declared (Content-Length) or sent in
+    chunks without one: the body is read here, at most `limit` bytes of it, and handed on."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            return await self._refuse(scope, receive, send)
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                return await self._refuse(scope, receive, send)
+            more = message.get("more_body", False)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope, receive, send) -> None:
+        message = (
+            f"request body over {self.limit} bytes; send at most {MAX_BATCH} queries of at most "
+            f"{MAX_TEXT_CHARS} characters"
+        )
+        await _error(413, message)(scope, receive, send)
+
+
 def _error(status: int, message: str, details: list | None = None) -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": message, "details": details or []})
 
@@ -144,16 +186,7 @@ def create_app(
         lifespan=lifespan,
     )
 
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-            return _error(
-                413,
-                f"request body over {MAX_BODY_BYTES} bytes; send at most {MAX_BATCH} "
-                f"queries of at most {MAX_TEXT_CHARS} characters",
-            )
-        return await call_next(request)
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
