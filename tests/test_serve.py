@@ -415,11 +415,14 @@ def test_production_outlives_a_retrain_and_a_revert_brings_the_old_model_back(tm
     assert holder.check() and holder.reload_error is None
     assert holder.current.version == v1 and answers(holder.current) == before
 
-    # A tampered copy is not served under production's version.
-    (root / "models/.promoted" / v1 / "tiny" / "calibration.json").write_text(
-        (root / "models" / "tiny" / "calibration.json").read_text()
-    )
-    with pytest.raises(UserError, match=r"calibration|retrained since|combined from other versions"):
+    # A kept copy changed after the promotion is not served under production's version:
+    # neither a member (its calibration here) nor the ensemble's own weights.
+    kept = root / "models/.promoted" / v1
+    shutil.copy(root / "models/tiny/calibration.json", kept / "tiny/calibration.json")
+    with pytest.raises(UserError, match=r"combined from other versions of tiny\b"):
+        load_servable(root)
+    shutil.copy(root / "models/duo/model.safetensors", kept / "duo/model.safetensors")
+    with pytest.raises(UserError, match=rf"pins {v1}, but its kept copy .*duo holds .*changed after the"):
         load_servable(root)
 
 

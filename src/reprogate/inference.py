@@ -314,41 +314,44 @@ def production_sha256(root: Path) -> str | None:
     return sha256_file(path) if path.is_file() else None
 
 
-def _check_production_files(root: Path, record: dict[str, Any], model_dir: Path) -> None:
-    """Serve production's model only from what was promoted: after a retrain, models/<m>/ is a
-    candidate and must not answer under production's version. Compared: the version (weights,
-    and an ensemble's members) and the calibrated policy, not files such as the fingerprint
-    that change with unrelated code."""
-    why = None
+def _mismatch(record: dict[str, Any], model_dir: Path, since: str) -> str | None:
+    """Why `model_dir` is not the promoted model, or None. Compared: the version (weights, and
+    an ensemble's members) and the calibrated policy, not files such as the fingerprint that
+    change with unrelated code."""
     if not (model_dir / "model.safetensors").is_file() or not (model_dir / "calibration.json").is_file():
-        why = f"{model_dir} is not built in this workspace"
-    elif (now := model_version(model_dir)) != record.get("model_version"):
-        why = f"{model_dir} holds {now}, retrained since"
-    elif (pinned := record.get("calibration")) and Policy.load(model_dir / "calibration.json") != Policy(
+        return f"{model_dir} is not built"
+    if (now := model_version(model_dir)) != record.get("model_version"):
+        return f"{model_dir} holds {now}, {since}"
+    pinned = record.get("calibration")
+    if pinned and Policy.load(model_dir / "calibration.json") != Policy(
         pinned["temperature"], pinned["threshold"], pinned["margin"]
     ):
-        why = f"{model_dir}/calibration.json was refitted since"
-    if why:
-        raise UserError(
-            f"{root / PRODUCTION} pins {record.get('model_version')}, but {why}, and there is no copy "
-            f"in {PROMOTED / str(record.get('model_version'))} (promote keeps one). Run `make repro` on "
-            "the promotion's commit to rebuild it (it is reproducible), promote the new candidate after "
-            "a passing gate, or serve the workspace's model explicitly with "
-            f"--model models/{record['model']}."
-        )
+        return f"{model_dir}/calibration.json was refitted, {since}"
+    return None
 
 
 def production_files(root: Path, record: dict[str, Any]) -> tuple[Path, Path]:
     """(model folder, members folder) of the promoted model: the copy promote kept under
     models/.promoted/<version>/ if there is one, else the workspace's models/ if it still
-    holds exactly the promoted files."""
-    version = record.get("model_version")
+    holds exactly the promoted files (after a retrain it holds a candidate, which must not
+    answer under production's version)."""
+    version, name = record.get("model_version"), record["model"]
     kept = root / PROMOTED / str(version)
-    if isinstance(version, str) and (kept / record["model"]).is_dir():
-        _check_production_files(root, record, kept / record["model"])
-        return kept / record["model"], kept
-    _check_production_files(root, record, root / "models" / record["model"])
-    return root / "models" / record["model"], root / "models"
+    if isinstance(version, str) and (kept / name).is_dir():
+        if why := _mismatch(record, kept / name, "changed after the promotion"):
+            raise UserError(
+                f"{root / PRODUCTION} pins {version}, but its kept copy {why}. Delete {kept} to "
+                f"fall back to the workspace's models/{name}, or promote again after a passing gate."
+            )
+        return kept / name, kept
+    if why := _mismatch(record, root / "models" / name, "retrained since"):
+        raise UserError(
+            f"{root / PRODUCTION} pins {version}, but {why}, and there is no copy in "
+            f"{PROMOTED / str(version)} (promote keeps one). Run `make repro` on the promotion's "
+            "commit to rebuild it (it is reproducible), promote the new candidate after a passing "
+            f"gate, or serve the workspace's model explicitly with --model models/{name}."
+        )
+    return root / "models" / name, root / "models"
 
 
 def load_servable(root: Path, model_dir: Path | None = None, device: str = "auto") -> Loaded:
