@@ -360,7 +360,9 @@ def test_promote_refuses_a_dirty_workspace_then_commits_and_tags(home):
         assert f"- {rule}:" in message
     assert _git(home, "tag", "--list", "*#prod#*").split() == [f"{chosen}#prod#1"]
     assert _git(home, "cat-file", "-t", f"{chosen}#prod#1").strip() == "tag"  # annotated
-    assert f"promote {chosen}" in run_cli("history", cwd=home, check=True).stdout
+    assert f"are kept in models/.promoted/{prod['model_version']}" in done.stdout
+    history = run_cli("history", cwd=home, check=True).stdout
+    assert f"promote {chosen} ({prod['model_version']}) to production  [files kept]" in history
 
 
 def test_predict_routes_queries_with_the_production_model(home):

@@ -159,10 +159,20 @@ def promote(root: Path, dry_run: bool = False) -> str:
         raise UserError(f"git commit failed, production unchanged: {proc.stderr.strip()}")
     _git(root, "tag", "-a", p["tag"], "-m", p["message"])
     commit = _git(root, "rev-parse", "--short", "HEAD")
-    return f"promote: {p['record']['model']} is in production (commit {commit}, tag {p['tag']})"
+    return (
+        f"promote: {record['model']} is in production (commit {commit}, tag {p['tag']}); its files "
+        f"are kept in {PROMOTED / record['model_version']}"
+    )
 
 
 def history(root: Path) -> str:
+    """The promotions from git; `[files kept]` marks versions whose promoted files are in
+    models/.promoted/, so reverting to them takes effect at once."""
     log = _git(root, "log", "--format=%h %ad %s", "--date=short", "--", str(PRODUCTION))
+    lines = []
+    for line in log.splitlines():
+        version = line.rsplit("(", 1)[-1].split(")", 1)[0] if " to production" in line else ""
+        kept = "@" in version and (root / PROMOTED / version).is_dir()
+        lines.append(line + ("  [files kept]" if kept else ""))
     tags = _git(root, "tag", "--list", f"*#{STAGE}#*", "--format=%(refname:short) -> %(*objectname:short)")
-    return (log or "(no promotions yet)") + ("\n\ntags:\n" + tags if tags else "")
+    return ("\n".join(lines) or "(no promotions yet)") + ("\n\ntags:\n" + tags if tags else "")
