@@ -410,3 +410,26 @@ def test_failed_gate_leaves_production_untouched(home):
     refused = run_cli("promote", cwd=home)
     assert refused.returncode == 2 and "the gate did not pass" in refused.stderr
     assert (home / "models/production.json").read_bytes() == before
+
+
+def test_a_model_that_acts_on_nothing_fails_the_coverage_floor():
+    # Routing every query to review makes no wrong action; the coverage floor still rejects it.
+    idle = _eval(0.95, fp=0.0, wrong=0.0)
+    idle["sets"]["test"]["coverage"] = 0.0
+    floor = GateSpec(kind="gate", thresholds={"coverage_min": 0.5})
+    rules = {r["rule"]: r for r in gate.judge("idle", idle, {"passed": True}, floor, None)}
+    assert rules["wrong_action_rate"]["verdict"] == "pass"
+    assert rules["coverage"] == {
+        "rule": "coverage",
+        "value": 0.0,
+        "op": ">=",
+        "threshold": 0.5,
+        "verdict": "fail",
+        "note": "in-scope test queries acted on",
+    }
+    idle["sets"]["test"]["coverage"] = 0.84
+    assert {r["rule"]: r for r in gate.judge("m", idle, {"passed": True}, floor, None)}["coverage"][
+        "verdict"
+    ] == "pass"
+    unset = {r["rule"]: r for r in gate.judge("m", idle, {"passed": True}, GateSpec(kind="gate"), None)}
+    assert unset["coverage"]["verdict"] == "n/a" and "coverage_min" in unset["coverage"]["note"]

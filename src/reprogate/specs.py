@@ -491,6 +491,13 @@ class Thresholds(Strict):
     ece_max: float = Field(0.10, ge=0.0, le=1.0)
     false_positive_action_rate_max: float = Field(0.01, ge=0.0, le=1.0)
     wrong_action_rate_max: float = Field(0.02, ge=0.0, le=1.0)
+    coverage_min: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="Least share of in-scope test queries acted on. A model that sends everything "
+        "to review makes no wrong action and does no work. null: no such rule.",
+    )
     require_resume_equivalence: bool = True
 
 

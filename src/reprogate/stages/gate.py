@@ -56,6 +56,9 @@ def judge(name: str, ev: dict | None, resume: dict | None, gate: GateSpec, prod:
         _rule("heldout_accuracy", test.get("accuracy"), ">=", t.heldout_accuracy_min),
         _rule("ece", test.get("ece_after"), "<=", t.ece_max, "after calibration, 15 equal-width bins"),
         _rule("wrong_action_rate", test.get("wrong_action_rate"), "<=", t.wrong_action_rate_max),
+        _rule("coverage", test.get("coverage"), ">=", t.coverage_min, "in-scope test queries acted on")
+        if t.coverage_min is not None
+        else _na("coverage", "no coverage_min in the gate spec"),
     ]
     real = {n: s for n, s in sets.items() if s["kind"] == "labelled" and n not in ("test", "validation")}
     if real:
