@@ -433,3 +433,17 @@ def test_outside_a_project_the_command_says_so(tmp_path, command):
     proc = run_cli(*command, cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"{tmp_path}: not inside a reprogate project (no params.yaml" in proc.stderr
+
+
+def test_promotion_without_room_for_the_copy_is_refused_cleanly(project):
+    # If the copy cannot be written (a full disk; here a file where the folder should be),
+    # promote refuses before anything is committed, with a one-paragraph reason.
+    from reprogate.promote import keep_promoted
+
+    blocker = project / "models" / ".promoted"
+    blocker.write_text("not a folder")
+    try:
+        with pytest.raises(UserError, match=r"promotion refused: could not keep a copy of models/tiny"):
+            keep_promoted(project, "tiny", model_version(project / "models" / "tiny"))
+    finally:
+        blocker.unlink()

@@ -120,17 +120,23 @@ def keep_promoted(root: Path, name: str, version: str) -> Path:
     dest = root / PROMOTED / version
     if dest.is_dir():
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
     fingerprint = json.loads((root / "models" / name / "fingerprint.json").read_text())
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=dest.parent))
     try:
-        for folder in [name, *fingerprint.get("members", {})]:
-            shutil.copytree(root / "models" / folder, tmp / folder)
-        if (kept := model_version(tmp / name)) != version:
-            raise UserError(f"models/{name} holds {kept}, not the gate's {version}; run `dvc repro` first.")
-        tmp.rename(dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=dest.parent))
+        try:
+            for folder in [name, *fingerprint.get("members", {})]:
+                shutil.copytree(root / "models" / folder, tmp / folder)
+            if (kept := model_version(tmp / name)) != version:
+                raise UserError(f"models/{name} holds {kept}, not the gate's {version}; run `dvc repro`.")
+            tmp.rename(dest)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as e:  # a full disk, say: nothing is committed without the copy
+        raise UserError(
+            f"promotion refused: could not keep a copy of models/{name} in {dest} ({e.strerror or e}); "
+            "free some disk space and promote again. Production is unchanged."
+        ) from None
     return dest
 
 
