@@ -631,9 +631,6 @@ class _SpecLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-_SpecLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _SpecLoader.construct_mapping)
-
-
 def read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"{path}: file not found; check the path (specs live under specs/).")
