@@ -75,7 +75,7 @@ class Scorer:
         self.model.to(self.device).eval()
         self.fingerprint = json.loads((self.dir / "fingerprint.json").read_text())
         if self.spec.family == "ensemble":
-            self.featurizer.device = device  # members are scored where the ensemble is
+            self.featurizer.member_device = device  # members are scored where the ensemble is
             self.featurizer.models_dir = members_dir or self.featurizer.models_dir
             self._check_members()
 

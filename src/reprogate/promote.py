@@ -151,7 +151,7 @@ def promote(root: Path, dry_run: bool = False) -> str:
         )
     keep_promoted(root, record["model"], record["model_version"])
     path = root / PRODUCTION
-    path.write_text(json.dumps(p["record"], indent=2, sort_keys=True) + "\n")
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     _git(root, "add", str(PRODUCTION))
     proc = subprocess.run(
         ["git", "commit", "-q", "-F", "-", "--", str(PRODUCTION)],

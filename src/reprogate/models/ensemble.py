@@ -21,7 +21,9 @@ class EnsembleFeaturizer:
     def __init__(self, root: Path, members: list[str]):
         self.root, self.members = root, members
         self.models_dir = root / "models"  # where the member folders are (or a promoted copy)
-        self.device: str | None = None  # None: each member on its own spec's device
+        # Where members are scored (auto|cpu|cuda|mps); None: each on its own spec's device.
+        # Not `device`: stages set that name to a torch.device on featurizers that have it.
+        self.member_device: str | None = None
         self._scorers = None
         self._key: dict | None = None
 
@@ -30,7 +32,7 @@ class EnsembleFeaturizer:
             from reprogate.inference import Scorer
 
             self._scorers = [
-                (Scorer(self.root, m, self.models_dir / m, self.device), self._temperature(m))
+                (Scorer(self.root, m, self.models_dir / m, self.member_device), self._temperature(m))
                 for m in self.members
             ]
         return self._scorers
