@@ -15,14 +15,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reprogate.inference import (
+    TEMPERATURE_RANGE,
     Policy,
     act_mask,
+    certifiable,
     ece,
     fit_policy,
     fit_temperature,
     model_version,
     prediction,
     probabilities,
+    rows_to_certify,
     upper_bound,
 )
 from reprogate.specs import GateSpec
@@ -196,19 +199,58 @@ def test_production_measured_on_other_heldout_data_is_not_compared():
     assert rules["not_worse_than_production"]["verdict"] == "pass"
 
 
-def test_calibrate_says_when_the_false_positive_limit_is_only_an_estimate():
-    r = {
-        "temperature": 1.2,
-        "policy": {"threshold": 0.9, "margin": 0.1},
-        "fitted_on": {"out_of_scope_rows": 100},
-        "limits": {"bound_confidence": {"false_positive_action_rate": 0.0, "wrong_action_rate": 0.9}},
-        "on_calibration_data": {"ece_before": 0.05, "ece_after": 0.01, "coverage": 0.8},
+def _fit(temperature: float, rows: int, oos_rows: int, wrong_bound: float, fp_bound: float) -> dict:
+    return {
+        "temperature": temperature,
+        "fitted_on": {"calibration_rows": rows, "out_of_scope_rows": oos_rows},
+        "limits": {
+            "wrong_action_rate_max": 0.02,
+            "bound_confidence": {"false_positive_action_rate": fp_bound, "wrong_action_rate": wrong_bound},
+        },
     }
-    assert "seen on 100 out-of-scope queries, too few for a confidence bound" in calibrate.summary("m", r)
-    r["limits"]["bound_confidence"]["false_positive_action_rate"] = 0.9
-    assert "too few" not in calibrate.summary("m", r)
-    r["fitted_on"]["out_of_scope_rows"] = 0
-    assert "false-positive limit was not fitted" in calibrate.summary("m", r)
+
+
+def test_calibrate_says_when_the_false_positive_limit_is_only_an_estimate():
+    def said(oos_rows: int, wrong_bound: float, fp_bound: float, confidence: float = 0.9) -> str:
+        fit = _fit(1.2, 994, oos_rows, wrong_bound, fp_bound)
+        return " ".join(calibrate.warnings(fit, confidence, "specs/data/b.yaml", all_right=False))
+
+    assert "seen on 100 out-of-scope queries, too few for a confidence bound" in said(100, 0.9, 0.0)
+    assert said(1000, 0.9, 0.9) == ""
+    assert "false-positive limit was not fitted" in said(0, 0.9, 0.0)
+    # Asked for no bound: nothing to warn about.
+    assert said(100, 0.0, 0.0, confidence=0.0) == ""
+
+
+@settings(deadline=None)  # the first call imports scipy
+@given(limit=st.floats(0.001, 0.2), confidence=st.floats(0.5, 0.99))
+def test_rows_to_certify_is_the_smallest_set_that_can_show_the_limit(limit, confidence):
+    n = rows_to_certify(limit, confidence)
+    assert certifiable(n, limit, confidence) and not certifiable(n - 1, limit, confidence)
+
+
+def test_a_small_calibration_set_is_said_to_give_estimates_not_bounds():
+    # 90 queries, all right: no temperature minimises their NLL (it falls all the way to T=0),
+    # so the model's own probabilities are kept, and no bound on the wrong-action rate exists;
+    # both are said, with the data spec field to change.
+    rng = np.random.default_rng(0)
+    gold = torch.from_numpy(rng.integers(0, 10, 90))
+    noise = torch.from_numpy(rng.normal(0, 1, (90, 10)))
+    logits = torch.nn.functional.one_hot(gold, 10).double() * 6 + noise
+    assert calibrate.separable(logits, gold)
+    assert fit_temperature(logits, gold) == 1.0
+    policy = fit_policy(probabilities(logits), gold.numpy(), np.zeros((0, 10)), None, 0.02, 0.01, 0.9)
+    assert policy["bound_confidence"]["wrong_action_rate"] == 0.0
+    said = calibrate.warnings(_fit(1.0, 90, 0, 0.0, 0.0), 0.9, "specs/data/home.yaml", all_right=True)
+    assert len(said) == 3
+    assert "all 90 calibration queries right" in said[0] and "specs/data/home.yaml" in said[0]
+    assert "seen on 90 calibration queries" in said[1] and "at least 114 are needed" in said[1]
+    # One wrong answer and the NLL has a minimum again: a real temperature, sharper than 1 here.
+    gold[0] = (gold[0] + 1) % 10
+    assert not calibrate.separable(logits, gold)
+    assert fit_temperature(logits, gold) < 1.0
+    said = calibrate.warnings(_fit(TEMPERATURE_RANGE[0], 90, 0, 0.0, 0.0), 0.9, "d.yaml", all_right=False)
+    assert "stopped at its bound 0.05" in said[0] and "overconfident" in said[0]
 
 
 def test_failed_resume_check_or_missing_metrics_fail_the_gate():
@@ -433,3 +475,22 @@ def test_a_model_that_acts_on_nothing_fails_the_coverage_floor():
     ] == "pass"
     unset = {r["rule"]: r for r in gate.judge("m", idle, {"passed": True}, GateSpec(kind="gate"), None)}
     assert unset["coverage"]["verdict"] == "n/a" and "coverage_min" in unset["coverage"]["note"]
+
+
+def test_ensemble_weights_are_fitted_only_where_the_calibration_data_can_weigh_the_members():
+    from reprogate.stages import combine
+
+    rng = np.random.default_rng(1)
+    gold = torch.from_numpy(rng.integers(0, 5, 200))
+    sharp = torch.log_softmax(
+        torch.nn.functional.one_hot(gold, 5).double() * 3 + 0.5 * torch.randn(200, 5), -1
+    )
+    noisy = torch.log_softmax(torch.randn(200, 5, dtype=torch.float64), -1)
+    # Every row right: the NLL falls forever as the weights grow; the plain mean is used.
+    model, fitted = combine.fit_weights(torch.stack([sharp, noisy], 1).float(), gold, 2)
+    assert not fitted and torch.allclose(model.weights(), torch.tensor([0.5, 0.5]))
+    # Some rows wrong: a real minimum, and the informative member weighs more.
+    gold[:30] = (gold[:30] + 1) % 5
+    model, fitted = combine.fit_weights(torch.stack([sharp, noisy], 1).float(), gold, 2)
+    w = model.weights()
+    assert fitted and w[0] > w[1]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,8 +109,23 @@ class Scorer:
         return self.labels.index(OOS_LABEL) if OOS_LABEL in self.labels else None
 
 
+def separable(logits: torch.Tensor, gold: torch.Tensor) -> bool:
+    """Whether the top score is the gold label's on every row."""
+    return bool((logits.argmax(1) == gold).all())
+
+
+# Beyond these a temperature is no longer an estimate: the calibration data cannot pin it down.
+TEMPERATURE_RANGE = (0.05, 20.0)
+
+
 def fit_temperature(logits: torch.Tensor, gold: torch.Tensor) -> float:
-    """Temperature that minimises the NLL of the calibration partition (LBFGS on log T)."""
+    """Temperature that minimises the NLL of the calibration partition (LBFGS on log T).
+
+    When the model gets every row right, the NLL keeps falling as T shrinks towards 0: there
+    is no minimum, only wherever the optimiser stalls. Then 1.0 (the model's own
+    probabilities) is kept, and calibrate says why."""
+    if separable(logits, gold):
+        return 1.0
     log_t = torch.zeros(1, requires_grad=True, dtype=torch.float64)
     x, y = logits.double(), gold
     opt = torch.optim.LBFGS([log_t], lr=0.1, max_iter=200, line_search_fn="strong_wolfe")
@@ -121,7 +137,7 @@ def fit_temperature(logits: torch.Tensor, gold: torch.Tensor) -> float:
         return loss
 
     opt.step(closure)
-    return float(log_t.detach().exp().clamp(0.05, 20.0))
+    return float(log_t.detach().exp().clamp(*TEMPERATURE_RANGE))
 
 
 def probabilities(logits: torch.Tensor, temperature: float = 1.0) -> np.ndarray:
@@ -156,6 +172,11 @@ def upper_bound(errors: int, n: int, confidence: float) -> float:
 def certifiable(n: int, limit: float, confidence: float) -> bool:
     """Whether n queries can show a rate below `limit` at `confidence` at all (zero errors)."""
     return confidence > 0 and upper_bound(0, n, confidence) <= limit
+
+
+def rows_to_certify(limit: float, confidence: float) -> int:
+    """The fewest queries that can show a rate below `limit` at `confidence` (zero errors)."""
+    return math.ceil(math.log(1 - confidence) / math.log(1 - limit))
 
 
 def fit_policy(

@@ -18,7 +18,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from reprogate.inference import Scorer, ece, fit_policy, fit_temperature, probabilities
+from reprogate.inference import (
+    TEMPERATURE_RANGE,
+    Scorer,
+    ece,
+    fit_policy,
+    fit_temperature,
+    probabilities,
+    rows_to_certify,
+    separable,
+)
 from reprogate.specs import DataSpec, GateSpec, load_spec
 from reprogate.trainer import read_jsonl
 
@@ -74,7 +83,49 @@ def run(root: Path, name: str, gate_path: Path) -> dict[str, Any]:
         },
     }
     (scorer.dir / "calibration.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    return result
+    all_right = separable(logits, torch.from_numpy(gold))
+    return {**result, "warnings": warnings(result, gate.policy_fit.confidence, scorer.spec.data, all_right)}
+
+
+def warnings(r: dict[str, Any], confidence: float, data_spec: str, all_right: bool) -> list[str]:
+    """What a fit on this data cannot promise. Said on every run, because a limit held only on a
+    small sample is an estimate, not a guarantee, and a temperature at its bound is no estimate."""
+    out = []
+    t, n = r["temperature"], r["fitted_on"]["calibration_rows"]
+    if all_right:
+        out.append(
+            f"the model got all {n} calibration queries right, so they cannot say how confident it "
+            "should be: the temperature stays 1.0 (no scaling), and a probability near 1 is not "
+            f"evidence; add calibration data (split.calibration in {data_spec})"
+        )
+    elif t <= TEMPERATURE_RANGE[0] or t >= TEMPERATURE_RANGE[1]:
+        low = t <= TEMPERATURE_RANGE[0]
+        out.append(
+            f"the temperature stopped at its bound {t:g}: the {n} calibration queries cannot tell how "
+            + (
+                "far to sharpen this model (it got almost all of them right by wide margins), so its "
+                "probabilities will be overconfident on new queries"
+                if low
+                else "far to soften this model, so its probabilities will be underconfident"
+            )
+            + f"; add calibration data (split.calibration in {data_spec})"
+        )
+    bounded, n_oos = r["limits"]["bound_confidence"], r["fitted_on"]["out_of_scope_rows"]
+    if confidence > 0 and bounded["wrong_action_rate"] == 0:
+        need = rows_to_certify(r["limits"]["wrong_action_rate_max"], confidence)
+        out.append(
+            f"the wrong-action limit holds for the rate seen on {n} calibration queries, too few for a "
+            f"{confidence:.0%} confidence bound (at least {need} are needed: raise split.calibration in "
+            f"{data_spec})"
+        )
+    if n_oos == 0:
+        out.append("no out-of-scope set has use: calibrate, so the false-positive limit was not fitted")
+    elif confidence > 0 and bounded["false_positive_action_rate"] == 0:
+        out.append(
+            f"the false-positive limit holds for the rate seen on {n_oos} out-of-scope queries, too few "
+            "for a confidence bound (add out-of-scope queries with use: calibrate to get one)"
+        )
+    return out
 
 
 def summary(name: str, r: dict[str, Any]) -> str:
@@ -84,13 +135,4 @@ def summary(name: str, r: dict[str, Any]) -> str:
         f"{c['ece_after']:.4f}; act when p >= {r['policy']['threshold']:.3f} and margin >= "
         f"{r['policy']['margin']:.2f} (coverage {c['coverage']:.3f} on calibration data)"
     )
-    n_oos, bounded = r["fitted_on"]["out_of_scope_rows"], r["limits"]["bound_confidence"]
-    if n_oos == 0:
-        return line + "; no out-of-scope set has use: calibrate, so the false-positive limit was not fitted"
-    if bounded["false_positive_action_rate"] == 0 and bounded["wrong_action_rate"] > 0:
-        # Said on every run: a limit held only on a small sample is an estimate, not a guarantee.
-        return line + (
-            f"; the false-positive limit holds for the rate seen on {n_oos} out-of-scope queries, too few "
-            "for a confidence bound (add out-of-scope queries with use: calibrate to get one)"
-        )
-    return line
+    return "; ".join([line, *r.get("warnings", [])])

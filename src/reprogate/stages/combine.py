@@ -8,6 +8,7 @@ calibrate@e, evaluate@e and the gate treat it like any other candidate.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from reprogate.errors import UserError
+from reprogate.inference import separable
 from reprogate.models.ensemble import EnsembleCombiner, EnsembleFeaturizer
 from reprogate.specs import ModelSpec, load_spec, spec_hash
 from reprogate.stages.calibrate import gold_indices
@@ -26,7 +28,11 @@ from reprogate.trainer import read_jsonl
 PREPARED = Path("data/prepared")
 
 
-def fit_weights(logp: torch.Tensor, gold: torch.Tensor, k: int) -> EnsembleCombiner:
+def fit_weights(logp: torch.Tensor, gold: torch.Tensor, k: int) -> tuple[EnsembleCombiner, bool]:
+    """Weights minimising the calibration NLL, and whether they were fitted. When the fitted
+    combination gets every calibration row right, scaling it up keeps lowering the NLL: it is
+    where the optimiser stalled, not a minimum, so the plain mean of the members' log-probabilities
+    (weights 1/k) is used instead."""
     torch.manual_seed(0)
     model = EnsembleCombiner(k)
     opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=300, line_search_fn="strong_wolfe")
@@ -38,7 +44,11 @@ def fit_weights(logp: torch.Tensor, gold: torch.Tensor, k: int) -> EnsembleCombi
         return loss
 
     opt.step(closure)
-    return model
+    with torch.no_grad():
+        if not separable(model(logp), gold):
+            return model, True
+        model.log_w.fill_(-math.log(k))
+    return model, False
 
 
 def run(root: Path, name: str) -> dict[str, Any]:
@@ -68,7 +78,7 @@ def run(root: Path, name: str) -> dict[str, Any]:
     write(root, name, feat, splits(root, spec), score)
 
     gold = torch.from_numpy(gold_indices(read_jsonl(root / PREPARED / "calibration.jsonl"), labels[0]))
-    model = fit_weights(cached["calibration"], gold, len(members))
+    model, fitted = fit_weights(cached["calibration"], gold, len(members))
     with torch.no_grad():
         nll = float(torch.nn.functional.cross_entropy(model(cached["calibration"]), gold))
         vgold = gold_indices(read_jsonl(root / PREPARED / "validation.jsonl"), labels[0])
@@ -108,6 +118,11 @@ def run(root: Path, name: str) -> dict[str, Any]:
         "member_validation_accuracy": member_acc,
         "wall_s": round(time.perf_counter() - started, 2),
     }
+    if not fitted:
+        metrics["weights_note"] = (
+            f"the members' combination got all {len(gold)} calibration queries right, so they cannot "
+            f"weigh the members: plain mean used; add calibration data (split.calibration in {spec.data})"
+        )
     (root / "metrics" / name).mkdir(parents=True, exist_ok=True)
     (root / "metrics" / name / "train.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     return metrics
@@ -116,7 +131,8 @@ def run(root: Path, name: str) -> dict[str, Any]:
 def summary(name: str, m: dict[str, Any]) -> str:
     w = ", ".join(f"{k} {v:.3f}" for k, v in m["weights"].items())
     members = ", ".join(f"{k} {v:.4f}" for k, v in m["member_validation_accuracy"].items())
-    return (
+    line = (
         f"combine: {name}: weights {w}; validation accuracy {m['validation_accuracy']:.4f} "
         f"(members: {members}) in {m['wall_s']:.1f} s"
     )
+    return "; ".join([line, m["weights_note"]]) if "weights_note" in m else line
