@@ -8,7 +8,6 @@ calibrate@e, evaluate@e and the gate treat it like any other candidate.
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import time
 from pathlib import Path
@@ -29,10 +28,10 @@ PREPARED = Path("data/prepared")
 
 
 def fit_weights(logp: torch.Tensor, gold: torch.Tensor, k: int) -> tuple[EnsembleCombiner, bool]:
-    """Weights minimising the calibration NLL, and whether they were fitted. When the fitted
-    combination gets every calibration row right, scaling it up keeps lowering the NLL: it is
-    where the optimiser stalled, not a minimum, so the plain mean of the members' log-probabilities
-    (weights 1/k) is used instead."""
+    """Weights minimising the calibration NLL, and whether they could be fitted. When the fitted
+    combination gets every calibration row right, scaling it up keeps lowering the NLL: there is
+    no minimum. The direction still says which members separate the classes (it tends to the
+    largest-margin one), the scale says nothing, so the weights are rescaled to sum to 1."""
     torch.manual_seed(0)
     model = EnsembleCombiner(k)
     opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=300, line_search_fn="strong_wolfe")
@@ -47,7 +46,7 @@ def fit_weights(logp: torch.Tensor, gold: torch.Tensor, k: int) -> tuple[Ensembl
     with torch.no_grad():
         if not separable(model(logp), gold):
             return model, True
-        model.log_w.fill_(-math.log(k))
+        model.log_w -= torch.logsumexp(model.log_w, 0)
     return model, False
 
 
@@ -121,7 +120,8 @@ def run(root: Path, name: str) -> dict[str, Any]:
     if not fitted:
         metrics["weights_note"] = (
             f"the members' combination got all {len(gold)} calibration queries right, so they cannot "
-            f"weigh the members: plain mean used; add calibration data (split.calibration in {spec.data})"
+            "say how sharp the ensemble should be: weights rescaled to sum to 1; add calibration "
+            f"data (split.calibration in {spec.data})"
         )
     (root / "metrics" / name).mkdir(parents=True, exist_ok=True)
     (root / "metrics" / name / "train.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
