@@ -191,9 +191,68 @@ def test_a_file_in_another_format_is_explained_not_a_traceback(tmp_path):
     spec.write_text(yaml.safe_dump(raw))
     proc = run_cli("stage", "prepare", "--spec", str(spec), cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "commands.csv: could not be read as format 'jsonl'" in proc.stderr
+    assert "commands.csv:1: not valid JSON" in proc.stderr
     assert proc.stderr.count("\n") == 1, "one paragraph, no library log lines"
     assert not (tmp_path / "data").exists()
+
+
+def _as_jsonl(tmp_path: Path, spec: Path, lines: list[bytes]) -> None:
+    """Replace the own-data CSV with JSON Lines, re-pinned."""
+    f = tmp_path / "raw" / "commands.csv"
+    f.write_bytes(b"".join(lines))
+    raw = yaml.safe_load(spec.read_text())
+    raw["origins"]["mine"]["files"]["commands.csv"] = hashlib.sha256(f.read_bytes()).hexdigest()
+    for table in ("train", "test"):
+        raw[table]["format"] = "jsonl"
+    spec.write_text(yaml.safe_dump(raw))
+
+
+def test_jsonl_reads_like_the_same_csv(tmp_path):
+    for d in ("csv", "jsonl"):
+        (tmp_path / d).mkdir()
+    labels = ["lights_on", "lights_off", "set_timer"]
+    plain = _own_dataset(tmp_path / "csv", HOME, labels)
+    lines = _own_dataset(tmp_path / "jsonl", HOME, labels)
+    rows = [
+        json.dumps({"utterance": x, "intent": y, "extra": [1, {"any": None}]}).encode() + b"\n"
+        for x, y in HOME
+    ]
+    _as_jsonl(tmp_path / "jsonl", lines, [b"\xef\xbb\xbf" + rows[0], *rows[1:], b"\n"])  # BOM, blank line
+    a, b = prepare(plain, tmp_path / "csv"), prepare(lines, tmp_path / "jsonl")
+    assert a["rows"] == b["rows"] and a["dropped"] == b["dropped"] and a["sha256"] == b["sha256"]
+
+
+@pytest.mark.parametrize(
+    ("bad", "said"),
+    [
+        (
+            b'{"utterance": "lights on", "intent": "lights_on",}\n',
+            "3: not valid JSON (Expecting property name",
+        ),
+        (b'["lights on", "lights_on"]\n', "3: is a JSON list, not an object"),
+        (b'{"utterance": 42, "intent": "lights_on"}\n', "3: 'utterance' is 42, not a string"),
+        (
+            b'{"utterance": "lights \\ud800 on", "intent": "lights_on"}\n',
+            "3: 'utterance' holds an unpaired surrogate",
+        ),
+        (b'{"utterance": "lights \xff on", "intent": "lights_on"}\n', "3: byte 23 of this line is not UTF-8"),
+    ],
+)
+def test_a_bad_jsonl_line_is_named_by_its_line(tmp_path, bad, said):
+    spec = _own_dataset(tmp_path, HOME, ["lights_on", "lights_off", "set_timer"])
+    good = [json.dumps({"utterance": x, "intent": y}).encode() + b"\n" for x, y in HOME]
+    _as_jsonl(tmp_path, spec, [*good[:2], bad, *good[2:]])
+    proc = run_cli("stage", "prepare", "--spec", str(spec), cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"commands.csv:{said}" in proc.stderr, proc.stderr
+    assert not (tmp_path / "data").exists()
+
+
+def test_a_jsonl_without_the_text_key_lists_the_keys_it_has(tmp_path):
+    spec = _own_dataset(tmp_path, HOME, ["lights_on", "lights_off", "set_timer"])
+    _as_jsonl(tmp_path, spec, [json.dumps({"text": x, "intent": y}).encode() + b"\n" for x, y in HOME])
+    with pytest.raises(UserError, match=r"no line has the key 'utterance' \(keys: \['intent', 'text'\]\)"):
+        prepare(spec, tmp_path)
 
 
 def test_mirror_is_found_by_name_and_hash(tmp_path, mirror, monkeypatch):

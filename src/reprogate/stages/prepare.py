@@ -130,7 +130,7 @@ def _parse_table(t: Table, path: Path) -> list[tuple[str, str, str | None]]:
                 na_filter=False,
             )
         else:
-            ds = datasets.load_dataset("json", data_files=str(path), split="train", cache_dir=cache)
+            ds = datasets.Dataset.from_dict(_jsonl_columns(t, path))
         for col in (t.text_field, t.label_field):
             if col not in ds.column_names:
                 raise UserError(
@@ -142,6 +142,60 @@ def _parse_table(t: Table, path: Path) -> list[tuple[str, str, str | None]]:
         (f"{t.file}:{i}", x or "", None if y is None else str(y))
         for i, (x, y) in enumerate(zip(texts, labels, strict=True))
     ]
+
+
+def _jsonl_columns(t: Table, path: Path) -> dict[str, list]:
+    """Every key of a JSON Lines file as a column, parsed line by line with Python's json so a
+    mistake names its line (pyarrow's reader names a byte offset), and split on \\n only: JSON
+    allows \\r and U+2028 inside a line."""
+    rows = []
+    for n, raw in enumerate(path.read_bytes().split(b"\n"), 1):
+        where = f"{path}:{n}"
+        try:
+            line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
+        except UnicodeDecodeError as e:
+            raise UserError(
+                f"{where}: byte {e.start + 1} of this line is not UTF-8; save the file as UTF-8."
+            ) from None
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(
+                f"{where}: not valid JSON ({e.msg}, column {e.colno}); each line of a jsonl file holds "
+                "one JSON object."
+            ) from None
+        if not isinstance(row, dict):
+            raise UserError(
+                f"{where}: is a JSON {type(row).__name__}, not an object; each line holds one object "
+                f"with the keys '{t.text_field}' and '{t.label_field}'."
+            )
+        for key, kinds in ((t.text_field, (str,)), (t.label_field, (str, int))):
+            value = row.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, kinds):
+                raise UserError(
+                    f"{where}: '{key}' is {json.dumps(value)[:80]}, not a string; write it as one."
+                )
+            try:
+                str(value).encode("utf-8")
+            except UnicodeEncodeError:
+                raise UserError(
+                    f"{where}: '{key}' holds an unpaired surrogate (a broken \\ud8xx-\\udfxx escape), "
+                    "which no UTF-8 text can hold; fix or remove the escape."
+                ) from None
+        rows.append(row)
+    keys = sorted({k for r in rows for k in r})
+    for col in (t.text_field, t.label_field):
+        if rows and col not in keys:
+            raise UserError(
+                f"{path}: no line has the key '{col}' (keys: {keys}); set the table's text_field / "
+                "label_field in the data spec to the right names."
+            )
+    label = lambda r: None if r.get(t.label_field) is None else str(r[t.label_field])  # noqa: E731
+    return {t.text_field: [r.get(t.text_field) for r in rows], t.label_field: [label(r) for r in rows]}
 
 
 def _load(
