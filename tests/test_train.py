@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from reprogate import checkpoint
-from reprogate.stages import resume_check
+from reprogate.errors import UserError
+from reprogate.stages import resume_check, train
 from tests.conftest import TINY_NGRAM, make_home_project, run_cli, write_model_spec
 
 # TINY_NGRAM on the home fixture: 6 updates per epoch (11 micro-batches of 8, 2 per update),
@@ -190,6 +191,37 @@ def test_budget_is_enforced_before_training(project):
     assert proc.returncode == 2 and "training refused before it started" in proc.stderr
     assert "exceeds budget.max_minutes 0.001" in proc.stderr
     assert not (project / "runs" / "tight").exists()
+
+
+@pytest.mark.parametrize(
+    ("budget", "said"),
+    [
+        ({"max_minutes": 1e-4, "max_memory_gb": 8}, "min of training passed budget.max_minutes 0.0001"),
+        ({"max_minutes": 60, "max_memory_gb": 0.01}, "passed budget.max_memory_gb 0.01"),
+    ],
+)
+def test_a_run_over_its_budget_stops_checkpointed_and_resumes_once_the_budget_is_raised(
+    project, reference, budget, said
+):
+    # The plan let it start (skipped here), but the run goes over anyway (a busier machine):
+    # it stops with its state checkpointed instead of overrunning, and raising the budget,
+    # which changes nothing that training computes, resumes it to the uninterrupted result.
+    work = project / "work" / f"capped-{budget['max_memory_gb']}"
+    spec = write_model_spec(project, "capped", dict(TINY_NGRAM, budget=budget))
+    paths = train.Paths.for_model(project, "capped", spec, work=work)
+    with pytest.raises(UserError) as stopped:
+        train.run(project, paths, skip_plan=True, log=lambda msg: None)
+    msg = str(stopped.value)
+    assert "capped.yaml: training stopped at update 1 of 12" in msg and said in msg
+    assert "resumes from it" in msg
+    assert checkpoint.read(checkpoint.candidates(work / "checkpoints")[0]).meta["trainer"]["global_step"] == 1
+
+    write_model_spec(project, "capped", dict(TINY_NGRAM, budget={"max_minutes": 60, "max_memory_gb": 8}))
+    said_on_resume: list[str] = []
+    m = train.run(project, paths, skip_plan=True, log=said_on_resume.append)
+    assert m["resumed_from_step"] == 1 and m["steps"] == 12
+    fields = resume_check.compare(reference, resume_check.final_checkpoint(work), tolerance=0.0)
+    assert {k: f["verdict"] for k, f in fields.items()} == {k: "pass" for k in fields}
 
 
 def _encoder_spec(mode: str) -> dict:

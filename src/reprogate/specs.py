@@ -675,10 +675,21 @@ def load_spec(path: Path, expect: type[T] | None = None) -> T:
         raise UserError(f"{path}: refers to a spec that is not valid:\n{err}") from None
 
 
-def spec_hash(spec: BaseModel) -> str:
+def spec_hash(spec: BaseModel, exclude: set[str] | None = None) -> str:
     """Hash of the validated content (comments and key order do not change it)."""
-    blob = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    blob = json.dumps(spec.model_dump(mode="json", exclude=exclude), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+# Model spec fields that do not change what training computes. A run stopped by its budget
+# resumes from its checkpoint once the budget is raised; a new checkpoint interval keeps the
+# checkpoints already written.
+NOT_IN_TRAINING = {"description", "checkpoint", "budget", "resume_check"}
+
+
+def training_hash(spec: ModelSpec) -> str:
+    """Hash of the model spec fields that decide the trained weights: a checkpoint's run."""
+    return spec_hash(spec, NOT_IN_TRAINING)
 
 
 def iter_spec_files(paths: list[Path]) -> list[Path]:

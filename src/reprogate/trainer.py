@@ -255,33 +255,35 @@ class Trainer:
             mininterval=0.1 if sys.stderr.isatty() else 5.0,
         )
         start = time.perf_counter()
-        while p.global_step < self.total_steps and (max_updates is None or done < max_updates):
-            batches = self.sampler.batches(p.epoch)
-            while p.position < len(batches) and p.global_step < self.total_steps:
-                if max_updates is not None and done >= max_updates:
-                    break
-                group = batches[p.position : p.position + accum]
-                lr = self.optimizer.param_groups[0]["lr"]
-                loss = self.update(group)
-                p.global_step += 1
-                p.position += len(group)
-                if p.position >= len(batches):
-                    p.epoch, p.position = p.epoch + 1, 0
-                p.losses.append(loss)
-                p.lrs.append(lr)
-                n = sum(len(b) for b in group) * self.world
-                seen += n
-                done += 1
-                bar.update(1)
-                bar.set_postfix(
-                    loss=f"{loss:.4f}", ex_s=f"{seen / (time.perf_counter() - start):.0f}", refresh=False
-                )
-                if on_update:
-                    on_update(self)
-                pause_if(f"step:{p.global_step}")
-                if p.position == 0:
-                    break  # next epoch: draw its order
-        bar.close()
+        try:
+            while p.global_step < self.total_steps and (max_updates is None or done < max_updates):
+                batches = self.sampler.batches(p.epoch)
+                while p.position < len(batches) and p.global_step < self.total_steps:
+                    if max_updates is not None and done >= max_updates:
+                        break
+                    group = batches[p.position : p.position + accum]
+                    lr = self.optimizer.param_groups[0]["lr"]
+                    loss = self.update(group)
+                    p.global_step += 1
+                    p.position += len(group)
+                    if p.position >= len(batches):
+                        p.epoch, p.position = p.epoch + 1, 0
+                    p.losses.append(loss)
+                    p.lrs.append(lr)
+                    n = sum(len(b) for b in group) * self.world
+                    seen += n
+                    done += 1
+                    bar.update(1)
+                    bar.set_postfix(
+                        loss=f"{loss:.4f}", ex_s=f"{seen / (time.perf_counter() - start):.0f}", refresh=False
+                    )
+                    if on_update:
+                        on_update(self)
+                    pause_if(f"step:{p.global_step}")
+                    if p.position == 0:
+                        break  # next epoch: draw its order
+        finally:
+            bar.close()
         return seen
 
 

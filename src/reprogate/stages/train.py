@@ -19,7 +19,7 @@ from typing import Any
 
 from reprogate.errors import UserError
 from reprogate.hashing import sha256_file
-from reprogate.specs import DataSpec, ModelSpec, load_spec, spec_hash
+from reprogate.specs import DataSpec, ModelSpec, load_spec, training_hash
 
 PREPARED = Path("data/prepared")
 
@@ -99,7 +99,7 @@ def fingerprint(spec: ModelSpec, data, device) -> dict[str, Any]:
     from reprogate.runtime import environment
 
     return {
-        "spec_hash": spec_hash(spec),
+        "spec_hash": training_hash(spec),
         "data_hash": data.data_hash,
         "labels_hash": hashlib.sha256(json.dumps(data.labels).encode()).hexdigest(),
         "code_hash": code_hash(),
@@ -186,6 +186,7 @@ def run(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[str
         check_budget(plan, spec, paths.spec)
         log(plan.line())
 
+    t_run = time.perf_counter() - setup.encode_s  # the plan's projection counts encoding too
     trainer = setup.trainer()
     ckpt_dir = paths.run / "checkpoints"
     resumed_from, env_changes = None, {}
@@ -210,12 +211,12 @@ def run(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[str
         log(f"no usable checkpoint of this run in {ckpt_dir}; removing what is there and starting fresh")
         shutil.rmtree(ckpt_dir)
 
-    ckpt_seconds = 0.0
+    ckpt_seconds, saved_step, warned = 0.0, None, False
 
     def save() -> None:
-        nonlocal ckpt_seconds
+        nonlocal ckpt_seconds, saved_step
         t = time.perf_counter()
-        step = trainer.progress.global_step
+        step = saved_step = trainer.progress.global_step
         tensors, meta = trainer.state()
         if trainer.rank == 0:  # one writer (run() refuses more than one process)
             checkpoint.save(
@@ -229,12 +230,42 @@ def run(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[str
             )
         ckpt_seconds += time.perf_counter() - t
 
+    def over_budget() -> str | None:
+        nonlocal warned
+        minutes = (time.perf_counter() - t_run) / 60
+        if minutes > spec.budget.max_minutes:
+            return f"{minutes:.2f} min of training passed budget.max_minutes {spec.budget.max_minutes:g}"
+        memory = max(peak_rss_gb(), device_peak_gb(setup.device) or 0.0)
+        if memory > spec.budget.max_memory_gb:
+            return f"peak memory {memory:.2f} GB passed budget.max_memory_gb {spec.budget.max_memory_gb:g}"
+        if plan and not warned and minutes > 2 * plan.projected_minutes:
+            warned = True
+            log(
+                f"warning: {minutes:.2f} min in, at update {trainer.progress.global_step} of "
+                f"{setup.total_steps}: already twice the planned {plan.projected_minutes:.2f} min for the "
+                "whole run (is the machine busier than when it was measured?)"
+            )
+        return None
+
     def on_update(tr) -> None:
-        if (
-            tr.progress.global_step % spec.checkpoint.every_steps == 0
-            and tr.progress.global_step < tr.total_steps
-        ):
+        step = tr.progress.global_step
+        if step % spec.checkpoint.every_steps == 0 and step < tr.total_steps:
             save()
+        if step < tr.total_steps and (why := over_budget()):
+            # Stopped with its state kept, rather than left to overrun or be killed by the OOM killer.
+            if saved_step != step:
+                save()
+            planned = (
+                f"; the plan projected {plan.projected_minutes:.2f} min, {plan.projected_memory_gb:.2f} GB"
+                if plan
+                else ""
+            )
+            raise UserError(
+                f"{paths.spec}: training stopped at update {step} of {tr.total_steps}: {why}{planned}. "
+                f"Update {step} is checkpointed in {ckpt_dir}, and the next run resumes from it "
+                f"(`dvc repro`, or `reprogate stage train {paths.name}`) with the budget counted afresh; "
+                "raise the budget in the spec if the whole run needs more (the checkpoint is kept)."
+            )
 
     t_loop = time.perf_counter()
     seen = trainer.fit(on_update=on_update)
