@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from reprogate import checkpoint
 from reprogate.errors import UserError
 from reprogate.stages import resume_check, train
+from reprogate.trainer import EpochSampler
 from tests.conftest import TINY_NGRAM, make_home_project, run_cli, write_model_spec
 
 # TINY_NGRAM on the home fixture: 6 updates per epoch (11 micro-batches of 8, 2 per update),
@@ -165,15 +167,6 @@ def test_missing_device_is_a_clear_error(project):
     proc = run_cli("stage", "train", "oncuda", cwd=project)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "field 'device' is 'cuda'" in proc.stderr and "oncuda.yaml" in proc.stderr
-
-
-def test_a_torchrun_launch_is_refused_before_anything_is_written(project):
-    # Ranks would train unsynchronised replicas; nothing may be checkpointed or exported.
-    write_model_spec(project, "ranked", TINY_NGRAM)
-    proc = run_cli("stage", "train", "ranked", cwd=project, env={"RANK": "0", "WORLD_SIZE": "2"})
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "WORLD_SIZE=2" in proc.stderr and "threads:" in proc.stderr
-    assert not (project / "runs" / "ranked").exists() and not (project / "models" / "ranked").exists()
 
 
 def test_budget_is_enforced_before_training(project):
@@ -339,3 +332,64 @@ def test_frozen_features_pool_the_last_layers_each_normalised(project):
     proc = run_cli("stage", "features", "too_deep", cwd=project)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "encoder.layers: 7" in proc.stderr and "use a value from 1 to 6" in proc.stderr
+
+
+# ----------------------------------------------------------------- several processes (ranks)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(project) -> checkpoint.Checkpoint:
+    """An uninterrupted run of TINY_NGRAM in 2 processes (gloo on CPU)."""
+    write_model_spec(project, "ranks", dict(TINY_NGRAM, processes=2))
+    work = project / "work" / "ranks-reference"
+    work.mkdir(parents=True)
+    resume_check.run_child(project, "ranks", project / "specs/models/ranks.yaml", work)
+    return resume_check.final_checkpoint(work)
+
+
+def test_two_processes_train_one_model_from_equal_shards(project, two_ranks):
+    proc = run_cli("stage", "train", "ranks", cwd=project, check=True)
+    assert "train: ranks: 12 steps on cpu in 2 processes" in proc.stdout
+    assert proc.stdout.count("train: ranks:") == 1, "rank 0 speaks for the run"
+    m = json.loads((project / "metrics" / "ranks" / "train.json").read_text())
+    assert m["processes"] == 2 and m["steps"] == 12
+    # Every rank's RNG state and sampler position is in the checkpoint rank 0 wrote.
+    meta = two_ranks.meta
+    assert set(meta["rng"]) == {"rank0", "rank1"} and set(meta["trainer"]["position"]) == {"rank0", "rank1"}
+    assert {k.split(".")[0] for k in two_ranks.tensors["rng"]} == {"rank0", "rank1"}
+    assert meta["rng"]["rank0"] != meta["rng"]["rank1"], "each rank draws its own dropout"
+    assert meta["trainer"]["world_size"] == 2
+    # The two shards of an epoch are disjoint and equal, and together all but n mod 2 examples.
+    a, b = (EpochSampler(73, 8, 3, rank, 2).batches(0) for rank in (0, 1))
+    ia, ib = np.concatenate(a), np.concatenate(b)
+    assert len(a) == len(b) and len(ia) == len(ib) == 36 and not set(ia) & set(ib)
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kill_at=st.sampled_from(["step:2", "step:5", "micro:7.1", "ckpt:6:wrote:model", "step:10"]))
+@example(kill_at="ckpt:9:before_rename")  # rank 0 killed inside a checkpoint write, rank 1 waiting
+def test_two_processes_killed_together_resume_bitwise_identically(project, two_ranks, kill_at):
+    work = project / "work" / "ranks-killed"
+    spec = project / "specs/models/ranks.yaml"
+    outcome = resume_check.kill_and_resume(project, "ranks", spec, work, kill_at)
+    assert outcome["kill"]["returncode"] == -9
+    fields = resume_check.compare(two_ranks, resume_check.final_checkpoint(work), tolerance=0.0)
+    assert {k: f["verdict"] for k, f in fields.items()} == {k: "pass" for k in fields}
+
+
+def test_a_checkpoint_of_two_processes_is_not_resumed_by_one(project, two_ranks):
+    from reprogate.stages.train import Paths, Setup
+
+    setup = Setup(project, Paths.for_model(project, "tiny"))
+    trainer = setup.trainer()
+    with pytest.raises(UserError, match="written by a run of 2 processes, and this one has 1"):
+        trainer.restore(two_ranks)
+
+
+def test_a_launch_with_another_number_of_processes_is_refused(project):
+    write_model_spec(project, "single", TINY_NGRAM)
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    proc = run_cli("stage", "train", "single", cwd=project, env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "field 'processes' is 1, but this run was launched as 2 processes" in proc.stderr
+    assert not (project / "runs" / "single").exists() and not (project / "models" / "single").exists()

@@ -58,17 +58,17 @@ def _stage(args: argparse.Namespace) -> int:
     from reprogate import stages
 
     opt = lambda v: Path(v) if v else None  # noqa: E731
-    print(
-        stages.run(
-            args.name,
-            find_root(Path.cwd()),
-            args.model,
-            opt(args.spec),
-            opt(args.run_dir),
-            opt(args.work_dir),
-            args.skip_plan,
-        )
+    said = stages.run(
+        args.name,
+        find_root(Path.cwd()),
+        args.model,
+        opt(args.spec),
+        opt(args.run_dir),
+        opt(args.work_dir),
+        args.skip_plan,
     )
+    if said:  # empty from training ranks other than 0, and from their launcher
+        print(said)
     return 0
 
 
@@ -207,7 +207,13 @@ def _plan(args: argparse.Namespace) -> int:
     if not spec.exists() and (root / "specs" / "models" / f"{args.spec}.yaml").is_file():
         spec = root / "specs" / "models" / f"{args.spec}.yaml"  # a model name, as the stages take
     setup = Setup(root, Paths.for_model(root, spec.stem, spec))
-    print(measure(setup).line())
+    line = measure(setup).line()
+    if setup.spec.processes > 1:  # what `stage train` measures in all its ranks before it starts
+        line += (
+            f"; measured in this one process, for {setup.spec.processes} processes each taking "
+            f"1/{setup.spec.processes} of every epoch (gradient exchange not included)"
+        )
+    print(line)
     return 0
 
 

@@ -48,6 +48,7 @@ ENGINE = (
     "runtime.py",
     "trainer.py",
     "checkpoint.py",
+    "distributed.py",
     "plan.py",
     "models/__init__.py",
     "stages/features.py",

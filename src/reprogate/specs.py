@@ -386,6 +386,15 @@ class ModelSpec(Strict):
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     threads: PosInt = 2
+    processes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Training processes on this machine (ranks). Each takes an equal shard of every "
+        "epoch (the last len(train) mod processes examples of an epoch's order are left out) and "
+        "gradients are averaged across them; on CUDA each uses its own GPU. Changes what training "
+        "computes: a checkpoint resumes only with the same number.",
+    )
     seed: int = 0
     micro_batch: PosInt = 32
     grad_accum: PosInt = 1
@@ -402,7 +411,14 @@ class ModelSpec(Strict):
     @model_validator(mode="after")
     def _rules(self, info: ValidationInfo) -> ModelSpec:
         if self.family == "ensemble":
+            if self.processes != 1:
+                raise ValueError("processes applies to training; an ensemble is combined, not trained")
             return self._ensemble_rules(info)
+        if self.processes > 1 and self.device == "mps":
+            raise ValueError(
+                f"processes is {self.processes}, but device mps has no multi-process backend in "
+                "PyTorch; use processes: 1 (or device cpu / cuda)"
+            )
         if self.ensemble is not None:
             raise ValueError(f"family is '{self.family}' but an 'ensemble' section is given; remove it")
         if (self.steps is None) == (self.epochs is None):

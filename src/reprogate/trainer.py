@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from reprogate import checkpoint
+from reprogate.errors import UserError
 from reprogate.runtime import rank_and_world
 
 PAUSE_ENV = "REPROGATE_PAUSE_AT"
@@ -55,7 +56,10 @@ class EpochSampler:
         self.n, self.micro_batch, self.seed, self.rank, self.world = n, micro_batch, seed, rank, world
 
     def batches(self, epoch: int) -> list[np.ndarray]:
-        perm = np.random.default_rng([self.seed, epoch]).permutation(self.n)[self.rank :: self.world]
+        perm = np.random.default_rng([self.seed, epoch]).permutation(self.n)
+        # Equal shards, so every rank takes part in every update (the last n mod world are left
+        # out of this epoch's order, as DistributedSampler's drop_last does).
+        perm = perm[: self.n - self.n % self.world][self.rank :: self.world]
         return [perm[i : i + self.micro_batch] for i in range(0, len(perm), self.micro_batch)]
 
     def micro_batches_per_epoch(self) -> int:
@@ -121,6 +125,12 @@ class Trainer:
         self.sampler = EpochSampler(len(feats), spec.micro_batch, spec.seed, self.rank, self.world)
         self.labels = torch.tensor([e.label for e in data.examples], dtype=torch.long)
         self.progress = Progress()
+        if self.world > 1:
+            # Same initial weights on every rank (seeded before the model was built), but each
+            # rank its own dropout draws from here on.
+            random.seed(spec.seed * 1000 + self.rank)
+            np.random.seed((spec.seed * 1000 + self.rank) % (1 << 32))
+            torch.manual_seed(spec.seed * 1000 + self.rank)
 
     # ------------------------------------------------------------------ state <-> files
 
@@ -141,22 +151,33 @@ class Trainer:
                 rng[f"{r}.cuda{i}"] = s
         if self.device.type == "mps":
             rng[f"{r}.mps"] = torch.mps.get_rng_state()
-        tensors["rng"] = rng
         p = self.progress
+        rng_meta = {
+            r: {
+                "python": _jsonable(random.getstate()),
+                "numpy": [np_state[0], int(np_state[2]), int(np_state[3]), float(np_state[4])],
+            }
+        }
+        position = {r: p.position}
+        if self.world > 1:  # rank 0 writes the checkpoint: it holds every rank's RNG and position
+            from reprogate import distributed
+
+            # As numpy arrays: torch tensors do not survive all_gather_object's pickling.
+            mine = ({k: v.cpu().numpy() for k, v in rng.items()}, rng_meta, position)
+            for other in distributed.gather(mine, self.world):
+                rng.update({k: torch.from_numpy(v) for k, v in other[0].items()})
+                rng_meta.update(other[1])
+                position.update(other[2])
+        tensors["rng"] = rng
         meta = {
             "optimizer": {"param_groups": opt["param_groups"]},
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
-            "rng": {
-                r: {
-                    "python": _jsonable(random.getstate()),
-                    "numpy": [np_state[0], int(np_state[2]), int(np_state[3]), float(np_state[4])],
-                }
-            },
+            "rng": rng_meta,
             "trainer": {
                 "global_step": p.global_step,
                 "epoch": p.epoch,
-                "position": {r: p.position},
+                "position": position,
                 "losses": p.losses,
                 "lrs": p.lrs,
                 "total_steps": self.total_steps,
@@ -168,6 +189,12 @@ class Trainer:
     def restore(self, ckpt: checkpoint.Checkpoint) -> None:
         t, m = ckpt.tensors, ckpt.meta
         r = f"rank{self.rank}"
+        if m["trainer"].get("world_size", 1) != self.world:
+            raise UserError(
+                f"{ckpt.path} was written by a run of {m['trainer'].get('world_size', 1)} processes, and "
+                f"this one has {self.world}: the epochs are sharded differently, so it cannot resume "
+                "exactly. Run with the number of processes the checkpoint was written with."
+            )
         self.model.load_state_dict(t["model"])
         state: dict[int, dict[str, torch.Tensor]] = {}
         for key, v in t["optimizer"].items():
@@ -226,6 +253,11 @@ class Trainer:
             total += loss.item()
             if j + 1 < len(group):
                 pause_if(f"micro:{self.progress.global_step + 1}.{j + 1}")
+        if self.world > 1:
+            from reprogate import distributed
+
+            distributed.average_gradients(self.optimizer.param_groups[0]["params"], self.world)
+            total = distributed.mean(total, self.device, self.world)
         if self.spec.optimizer.grad_clip is not None:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.optimizer.grad_clip)
@@ -296,8 +328,8 @@ def _jsonable(obj):
 def total_steps(spec, n_examples: int) -> int:
     if spec.steps is not None:
         return spec.steps
-    _, world = rank_and_world()
-    micro = math.ceil(math.ceil(n_examples / world) / spec.micro_batch)
+    # Each of the spec's processes takes an equal shard of every epoch (EpochSampler).
+    micro = math.ceil(n_examples // spec.processes / spec.micro_batch)
     return spec.epochs * math.ceil(micro / spec.grad_accum)
 
 

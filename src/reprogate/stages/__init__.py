@@ -44,6 +44,13 @@ def run(
         from reprogate.stages import train
 
         paths = train.Paths.for_model(root, model, spec, run_dir, work_dir)
+        processes = train.processes_to_launch(paths)
+        if processes:  # this process starts the ranks, each of which runs this same command
+            argv = ["stage", "train", model, "--spec", str(paths.spec)]
+            argv += [f"--{k}-dir={v}" for k, v in (("run", run_dir), ("work", work_dir)) if v]
+            from reprogate import distributed
+
+            return distributed.launch(root, argv + ["--skip-plan"] * skip_plan, processes, paths.spec)
         return train.summary(model, train.run(root, paths, skip_plan=skip_plan))
     if name == "combine":
         from reprogate.stages import combine

@@ -13,6 +13,7 @@ On CPU the tolerance is zero: every tensor must be bitwise equal.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -66,13 +67,21 @@ def run_child(
         env[PAUSE_ENV] = pause_at
     log_path = work.parent / f"{work.name}.log"
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=log)
+        # Its own process group: a spec with `processes` > 1 runs ranks under it, killed together.
+        proc = subprocess.Popen(
+            cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=log, start_new_session=True
+        )
         try:
             return _supervise(proc, pause_at, log_path, timeout)
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            _kill_group(proc)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:  # once reaped, its pid (and group id) may belong to someone else
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def _supervise(
@@ -82,8 +91,7 @@ def _supervise(
     if pause_at:
         for line in proc.stdout:
             if line.startswith(b"REPROGATE-PAUSED"):
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait()
+                _kill_group(proc)
                 return {"killed": True, "at": pause_at, "returncode": proc.returncode}
         proc.wait()
         raise UserError(

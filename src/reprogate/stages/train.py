@@ -107,6 +107,30 @@ def fingerprint(spec: ModelSpec, data, device) -> dict[str, Any]:
     }
 
 
+def rank_device(device, spec: ModelSpec, spec_path: Path):
+    """This rank's device: its own GPU on CUDA (LOCAL_RANK), the CPU otherwise."""
+    import os
+
+    import torch
+
+    if device.type == "mps":
+        raise UserError(
+            f"{spec_path}: field 'processes' is {spec.processes}, but device 'auto' chose mps, which "
+            "has no multi-process backend in PyTorch; use processes: 1, or device: cpu."
+        )
+    if device.type != "cuda":
+        return device
+    if torch.cuda.device_count() < spec.processes:
+        raise UserError(
+            f"{spec_path}: field 'processes' is {spec.processes}, but this machine has "
+            f"{torch.cuda.device_count()} CUDA device(s) and each process needs its own; use processes: "
+            f"{torch.cuda.device_count()} or fewer."
+        )
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    return torch.device("cuda", local)
+
+
 class Setup:
     """Everything needed to build a fresh, seeded trainer (possibly more than once)."""
 
@@ -117,6 +141,8 @@ class Setup:
         self.spec = load_spec(paths.spec, ModelSpec)
         configure_mps_env(self.spec)
         self.device = select_device(self.spec, paths.spec)
+        if self.spec.processes > 1:
+            self.device = rank_device(self.device, self.spec, paths.spec)
         self.data = load_train_data(root, self.spec, paths.spec)
         t0 = time.perf_counter()
         _, self.featurizer = self._build()
@@ -161,28 +187,40 @@ class Setup:
         )
 
 
+def processes_to_launch(paths: Paths) -> int:
+    """The spec's number of processes when this process must start them (not itself a rank)."""
+    from reprogate.runtime import rank_and_world
+
+    n = load_spec(paths.spec, ModelSpec).processes
+    return n if n > 1 and rank_and_world()[1] == 1 else 0
+
+
 def run(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[str, Any]:
-    from reprogate import checkpoint
+    from reprogate import checkpoint, distributed
     from reprogate.plan import check_budget, measure
     from reprogate.runtime import device_peak_gb, peak_rss_gb, rank_and_world
     from reprogate.trainer import pause_if
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    _, world = rank_and_world()
-    if world > 1:
-        # Without gradient sync and a gathered RNG state, ranks would train diverging replicas
-        # and a resume could not restore them: refused rather than checkpointed wrongly.
-        raise UserError(
-            f"WORLD_SIZE={world}: multi-process training (torchrun) is not supported; each rank would "
-            "train its own unsynchronised replica. Run one process (`reprogate stage train NAME`) and "
-            "set `threads:` in the model spec to use more CPU cores, or a `device:` accelerator."
-        )
+    rank, world = rank_and_world()
+    if rank > 0:
+        log = lambda msg: None  # noqa: E731 - rank 0 speaks for the run
     started = time.perf_counter()
     setup = Setup(root, paths)
     spec = setup.spec
+    if world != spec.processes:
+        raise UserError(
+            f"{paths.spec}: field 'processes' is {spec.processes}, but this run was launched as "
+            f"{world} processes (WORLD_SIZE={world}); launch it with `reprogate stage train "
+            f"{paths.name}`, which starts the spec's number of processes, or set processes: {world}."
+        )
+    if world > 1:
+        distributed.init(setup.device)
     plan = None
     if not skip_plan:
         plan = measure(setup)
+        if world > 1:  # rank 0's measurement decides for all, or they would part ways
+            plan = distributed.gather(plan, world)[0]
         check_budget(plan, spec, paths.spec)
         log(plan.line())
 
@@ -207,9 +245,11 @@ def run(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[str
         if env_changes:
             log(f"warning: resuming under a changed environment (recorded in train.json): {env_changes}")
         log(f"resuming from {ckpt.path} (step {resumed_from} of {setup.total_steps})")
-    if ckpt is None and ckpt_dir.exists() and any(ckpt_dir.iterdir()):
+    if ckpt is None and ckpt_dir.exists() and any(ckpt_dir.iterdir()) and rank == 0:
         log(f"no usable checkpoint of this run in {ckpt_dir}; removing what is there and starting fresh")
         shutil.rmtree(ckpt_dir)
+    if world > 1:
+        distributed.barrier()  # every rank has read the checkpoint before rank 0 writes the next
 
     ckpt_seconds, saved_step, warned = 0.0, None, False
 
@@ -218,7 +258,7 @@ def run(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[str
         t = time.perf_counter()
         step = saved_step = trainer.progress.global_step
         tensors, meta = trainer.state()
-        if trainer.rank == 0:  # one writer (run() refuses more than one process)
+        if rank == 0:  # one writer; state() gathered the other ranks' RNG and positions
             checkpoint.save(
                 ckpt_dir,
                 step,
@@ -251,7 +291,10 @@ def run(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[str
         step = tr.progress.global_step
         if step % spec.checkpoint.every_steps == 0 and step < tr.total_steps:
             save()
-        if step < tr.total_steps and (why := over_budget()):
+        why = over_budget() if step < tr.total_steps else None
+        if world > 1:  # all ranks stop together, or the others would wait on the stopped one
+            why = next((f"process {r}: {w}" for r, w in enumerate(distributed.gather(why, world)) if w), None)
+        if why:
             # Stopped with its state kept, rather than left to overrun or be killed by the OOM killer.
             if saved_step != step:
                 save()
@@ -271,6 +314,10 @@ def run(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[str
     seen = trainer.fit(on_update=on_update)
     loop_s = time.perf_counter() - t_loop
     save()  # the final state, always: resume_check compares these
+    if world > 1:
+        distributed.close()
+        if rank > 0:  # every rank holds the same model; rank 0 exports it
+            return {"rank": rank}
     val_acc = validation_accuracy(setup, trainer)
     wall_s = time.perf_counter() - started
     export(paths.model, setup, trainer)
@@ -288,6 +335,7 @@ def run(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[str
         "peak_rss_gb": round(peak_rss_gb(), 3),
         "device_peak_gb": device_peak_gb(setup.device),
         "device": str(setup.device),
+        "processes": world,
         "final_loss": p.losses[-1] if p.losses else None,
         "validation_accuracy": round(val_acc, 4),
         "resumed_from_step": resumed_from,
@@ -306,8 +354,11 @@ def run(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[str
 
 
 def summary(name: str, m: dict[str, Any]) -> str:
+    if "rank" in m:
+        return ""  # rank 0 speaks for the run
+    procs = f" in {m['processes']} processes" if m.get("processes", 1) > 1 else ""
     return (
-        f"train: {name}: {m['steps']} steps on {m['device']} in {m['wall_s']:.1f} s, "
+        f"train: {name}: {m['steps']} steps on {m['device']}{procs} in {m['wall_s']:.1f} s, "
         f"{m['examples_per_s']} examples/s, final loss {m['final_loss']:.4f}, validation accuracy "
         f"{m['validation_accuracy']:.4f}, peak memory {m['peak_rss_gb']:.2f} GB"
     )
