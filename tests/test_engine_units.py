@@ -21,15 +21,21 @@ from reprogate.trainer import EpochSampler, lr_factor
     epoch=st.integers(0, 50),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_ranks_partition_each_epoch_exactly(n, micro, world, epoch, seed):
-    seen = []
+def test_ranks_take_equal_disjoint_shards_of_each_epoch(n, micro, world, epoch, seed):
+    # Equal shards, so every rank takes part in every update; only the last n mod world of the
+    # epoch's order sit it out (none with one process).
+    order = EpochSampler(n, n, seed).batches(epoch)[0]
+    shards = []
     for rank in range(world):
         s = EpochSampler(n, micro, seed, rank, world)
         batches = s.batches(epoch)
         assert len(batches) == s.micro_batches_per_epoch()
         assert all(0 < len(b) <= micro for b in batches)
-        seen += [int(i) for b in batches for i in b]
-    assert sorted(seen) == list(range(n))  # every example once per epoch, across all ranks
+        shards.append([int(i) for b in batches for i in b])
+    assert all(len(sh) == n // world for sh in shards)
+    assert sorted(i for sh in shards for i in sh) == sorted(int(i) for i in order[: n - n % world])
+    if world == 1:
+        assert sorted(shards[0]) == list(range(n))  # every example once per epoch
 
 
 @given(n=st.integers(2, 300), seed=st.integers(0, 1000))

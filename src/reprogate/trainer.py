@@ -63,7 +63,7 @@ class EpochSampler:
         return [perm[i : i + self.micro_batch] for i in range(0, len(perm), self.micro_batch)]
 
     def micro_batches_per_epoch(self) -> int:
-        return math.ceil(len(range(self.rank, self.n, self.world)) / self.micro_batch)
+        return math.ceil(self.n // self.world / self.micro_batch)
 
 
 def lr_factor(kind: str, warmup: int, total: int) -> Callable[[int], float]:
