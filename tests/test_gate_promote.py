@@ -405,6 +405,19 @@ def test_promote_refuses_a_dirty_workspace_then_commits_and_tags(home):
     assert f"are kept in models/.promoted/{prod['model_version']}" in done.stdout
     history = run_cli("history", cwd=home, check=True).stdout
     assert f"promote {chosen} ({prod['model_version']}) to production  [files kept]" in history
+    # The gate reruns against the new production and chooses the same model: promoting it again
+    # adds no commit and no tag.
+    _dvc(home, "repro")
+    _git(home, "add", "-A")
+    _git(home, "commit", "-qm", "gate against the new production")
+    head = _git(home, "rev-parse", "HEAD")
+    again = run_cli("promote", cwd=home, env=env, check=True)
+    assert (
+        f"nothing to do: {prod['model_version']} (same calibrated policy) is already in production"
+        in again.stdout
+    )
+    assert _git(home, "rev-parse", "HEAD") == head
+    assert _git(home, "tag", "--list", "*#prod#*").split() == [f"{chosen}#prod#1"]
 
 
 def test_predict_routes_queries_with_the_production_model(home):

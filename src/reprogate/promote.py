@@ -143,6 +143,25 @@ def keep_promoted(root: Path, name: str, version: str) -> Path:
 def promote(root: Path, dry_run: bool = False) -> str:
     p = plan(root)
     record = p["record"]
+    current = json.loads((root / PRODUCTION).read_text()) if (root / PRODUCTION).is_file() else {}
+    if (current.get("model_version"), current.get("calibration")) == (
+        record["model_version"],
+        record["calibration"],
+    ):
+        # The gate chose what is already in production: another commit and tag would only add
+        # noise to the history. On a clone without the kept copy, this makes it.
+        since = _git(root, "log", "-1", "--format=%h %ad", "--date=short", "--", str(PRODUCTION))
+        said = (
+            f"promote: nothing to do: {record['model_version']} (same calibrated policy) is already in "
+            f"production (since {since or 'the workspace'}); no commit, no tag"
+        )
+        if not (root / PROMOTED / record["model_version"]).is_dir():
+            said += (
+                f"; {'would keep' if dry_run else 'kept'} its files in {PROMOTED / record['model_version']}"
+            )
+            if not dry_run:
+                keep_promoted(root, record["model"], record["model_version"])
+        return said
     if dry_run:
         return (
             f"would write {PRODUCTION}, commit and tag {p['tag']}, and keep a copy of models/"
