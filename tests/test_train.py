@@ -393,3 +393,16 @@ def test_a_launch_with_another_number_of_processes_is_refused(project):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "field 'processes' is 1, but this run was launched as 2 processes" in proc.stderr
     assert not (project / "runs" / "single").exists() and not (project / "models" / "single").exists()
+
+
+def test_two_processes_stop_together_over_their_budget(project):
+    # The run's memory is all ranks' together; both stop at the same update, rank 0 says why
+    # once, and the checkpoint holds both ranks' state.
+    budget = {"max_minutes": 60, "max_memory_gb": 0.01}
+    write_model_spec(project, "ranks_capped", dict(TINY_NGRAM, processes=2, budget=budget))
+    proc = run_cli("stage", "train", "ranks_capped", "--skip-plan", cwd=project)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.count("training stopped at update 1 of 12") == 1
+    assert "passed budget.max_memory_gb 0.01" in proc.stderr
+    ckpt = checkpoint.read(checkpoint.candidates(project / "runs" / "ranks_capped" / "checkpoints")[0])
+    assert ckpt.meta["trainer"]["global_step"] == 1 and set(ckpt.meta["rng"]) == {"rank0", "rank1"}

@@ -13,7 +13,7 @@ import json
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -219,8 +219,12 @@ def run(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[str
     plan = None
     if not skip_plan:
         plan = measure(setup)
-        if world > 1:  # rank 0's measurement decides for all, or they would part ways
-            plan = distributed.gather(plan, world)[0]
+        if world > 1:  # one decision for all ranks, or they would part ways: the slowest
+            plans = distributed.gather(plan, world)  # rank's time, all ranks' memory together
+            plan = replace(
+                max(plans, key=lambda p: p.projected_minutes),
+                projected_memory_gb=sum(p.projected_memory_gb for p in plans),
+            )
         check_budget(plan, spec, paths.spec)
         log(plan.line())
 
@@ -273,9 +277,12 @@ def run(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[str
     def over_budget() -> str | None:
         nonlocal warned
         minutes = (time.perf_counter() - t_run) / 60
+        memory = max(peak_rss_gb(), device_peak_gb(setup.device) or 0.0)
+        if world > 1:  # the run's time is its slowest rank's, its memory all ranks' together
+            seen = distributed.gather((minutes, memory), world)
+            minutes, memory = max(m for m, _ in seen), sum(g for _, g in seen)
         if minutes > spec.budget.max_minutes:
             return f"{minutes:.2f} min of training passed budget.max_minutes {spec.budget.max_minutes:g}"
-        memory = max(peak_rss_gb(), device_peak_gb(setup.device) or 0.0)
         if memory > spec.budget.max_memory_gb:
             return f"peak memory {memory:.2f} GB passed budget.max_memory_gb {spec.budget.max_memory_gb:g}"
         if plan and not warned and minutes > 2 * plan.projected_minutes:
@@ -291,9 +298,8 @@ def run(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[str
         step = tr.progress.global_step
         if step % spec.checkpoint.every_steps == 0 and step < tr.total_steps:
             save()
+        # Every rank decides alike (over_budget gathers their time and memory), so all stop together.
         why = over_budget() if step < tr.total_steps else None
-        if world > 1:  # all ranks stop together, or the others would wait on the stopped one
-            why = next((f"process {r}: {w}" for r, w in enumerate(distributed.gather(why, world)) if w), None)
         if why:
             # Stopped with its state kept, rather than left to overrun or be killed by the OOM killer.
             if saved_step != step:
