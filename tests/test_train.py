@@ -406,3 +406,10 @@ def test_two_processes_stop_together_over_their_budget(project):
     assert "passed budget.max_memory_gb 0.01" in proc.stderr
     ckpt = checkpoint.read(checkpoint.candidates(project / "runs" / "ranks_capped" / "checkpoints")[0])
     assert ckpt.meta["trainer"]["global_step"] == 1 and set(ckpt.meta["rng"]) == {"rank0", "rank1"}
+
+
+def test_resume_check_stage_kills_every_rank_and_passes(project, two_ranks):
+    proc = run_cli("stage", "resume_check", "ranks", cwd=project, check=True)
+    assert "resume_check: ranks: 2 processes killed after step" in proc.stdout and "PASSED" in proc.stdout
+    r = json.loads((project / "metrics" / "ranks" / "resume.json").read_text())
+    assert r["passed"] and r["processes"] == 2 and r["child_returncode"] == -9

@@ -60,7 +60,12 @@ def measure(setup, warmup: int = 2, timed: int = 8, max_seconds: float = 20.0) -
     while n < timed and trainer.progress.global_step < setup.total_steps:
         trainer.fit(max_updates=1, show_progress=False)
         n += 1
-        if time.perf_counter() - start > max_seconds:
+        slow = time.perf_counter() - start > max_seconds
+        if trainer.world > 1:  # ranks stop measuring together, or one would wait in an update
+            from reprogate import distributed
+
+            slow = any(distributed.gather(slow, trainer.world))
+        if slow:
             break
     update_s = (time.perf_counter() - start) / max(n, 1)
     with tempfile.TemporaryDirectory(prefix="reprogate-plan-") as tmp:

@@ -206,6 +206,7 @@ def run(root: Path, name: str, log=None) -> dict[str, Any]:
     result = {
         "passed": passed,
         "device": device,
+        "processes": spec.processes,  # all killed together, all resumed
         "tolerance": tolerance,
         "steps": rc.steps,
         "checkpoint_every": rc.checkpoint_every,
@@ -233,6 +234,8 @@ def summary(name: str, r: dict[str, Any]) -> str:
         else ("PASSED" if r["passed"] else f"FAILED on {', '.join(bad) or 'the kill'}")
     )
     return (
-        f"resume_check: {name}: killed after step {r['killed_after_step']}, restored step "
+        f"resume_check: {name}: "
+        + (f"{r['processes']} processes " if r.get("processes", 1) > 1 else "")
+        + f"killed after step {r['killed_after_step']}, restored step "
         f"{r['restored_step']}, final step {r['final_step']}: {verdict} in {r['wall_s']:.1f} s"
     )
