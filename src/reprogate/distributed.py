@@ -46,6 +46,9 @@ def launch(root: Path, argv: list[str], processes: int, spec_path: Path) -> str:
                     MASTER_ADDR="127.0.0.1",
                     MASTER_PORT=str(port),
                 )
+                # All ranks are on this machine: gloo over loopback, not whatever the hostname
+                # resolves to (a container's may not be reachable).
+                env.setdefault("GLOO_SOCKET_IFNAME", "lo0" if sys.platform == "darwin" else "lo")
                 cmd = [sys.executable, "-m", "reprogate.cli", *argv]
                 procs.append(subprocess.Popen(cmd, cwd=root, env=env, stdout=logs[rank], stderr=logs[rank]))
             while True:
