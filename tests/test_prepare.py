@@ -235,7 +235,10 @@ def test_jsonl_reads_like_the_same_csv(tmp_path):
             b'{"utterance": "lights \\ud800 on", "intent": "lights_on"}\n',
             "3: 'utterance' holds an unpaired surrogate",
         ),
-        (b'{"utterance": "lights \xff on", "intent": "lights_on"}\n', "3: byte 23 of this line is not UTF-8"),
+        (
+            b'{"utterance": "lights \xff on", "intent": "lights_on"}\n',
+            "3: byte 0xff is not UTF-8 (column 23 of this line)",
+        ),
     ],
 )
 def test_a_bad_jsonl_line_is_named_by_its_line(tmp_path, bad, said):

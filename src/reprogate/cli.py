@@ -113,7 +113,7 @@ def _read_inputs(args: argparse.Namespace) -> list[str]:
                 f'{{"text": ...}} object per line), not {path.suffix}; convert it, or rename it to .txt '
                 "if it really is one query per line."
             )
-        lines = _lines(path)
+        lines = jsonl.read_lines(path)
         where = [f"{path}:{i}" for i in range(1, len(lines) + 1)]
         texts = lines
         if path.suffix == ".jsonl":
@@ -145,22 +145,6 @@ def _read_inputs(args: argparse.Namespace) -> list[str]:
                 "character (bytes that were not UTF-8, or a broken \\u escape); send UTF-8 text."
             ) from None
     return texts
-
-
-def _lines(path: Path) -> list[str]:
-    """The file's lines, split on newlines only: str.splitlines would also split inside a
-    query (or a JSON string) at U+2028, form feeds and the like. A UTF-8 BOM is dropped."""
-    data = path.read_bytes().removeprefix(b"\xef\xbb\xbf")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise UserError(
-            f"{path}:{line}: byte 0x{data[e.start]:02x} is not UTF-8; save the file as UTF-8 "
-            f"(for example `iconv -f latin1 -t utf-8 {path.name}`)."
-        ) from None
-    lines = [line.removesuffix("\r") for line in text.split("\n")]
-    return lines[:-1] if lines and lines[-1] == "" else lines
 
 
 def _predict(args: argparse.Namespace) -> int:

@@ -145,18 +145,12 @@ def _parse_table(t: Table, path: Path) -> list[tuple[str, str, str | None]]:
 
 
 def _jsonl_columns(t: Table, path: Path) -> dict[str, list]:
-    """Every key of a JSON Lines file as a column, parsed line by line with Python's json so a
-    mistake names its line (pyarrow's reader names a byte offset), and split on \\n only: JSON
-    allows \\r and U+2028 inside a line."""
+    """The text and label columns of a JSON Lines file, parsed line by line with Python's json
+    so a mistake names its line (pyarrow's reader names a byte offset); lines as jsonl.read_lines
+    splits them (on \\n only: JSON allows U+2028 inside a line)."""
     rows = []
-    for n, raw in enumerate(path.read_bytes().split(b"\n"), 1):
+    for n, line in enumerate(jsonl.read_lines(path), 1):
         where = f"{path}:{n}"
-        try:
-            line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
-        except UnicodeDecodeError as e:
-            raise UserError(
-                f"{where}: byte {e.start + 1} of this line is not UTF-8; save the file as UTF-8."
-            ) from None
         if not line.strip():
             continue
         try:
