@@ -126,11 +126,11 @@ class Trainer:
         self.labels = torch.tensor([e.label for e in data.examples], dtype=torch.long)
         self.progress = Progress()
         if self.world > 1:
+            from reprogate.runtime import seed_everything
+
             # Same initial weights on every rank (seeded before the model was built), but each
             # rank its own dropout draws from here on.
-            random.seed(spec.seed * 1000 + self.rank)
-            np.random.seed((spec.seed * 1000 + self.rank) % (1 << 32))
-            torch.manual_seed(spec.seed * 1000 + self.rank)
+            seed_everything(spec.seed * 1000 + self.rank, spec.threads, device)
 
     # ------------------------------------------------------------------ state <-> files
 
