@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from reprogate import checkpoint
+from reprogate.atomic import remove_stale, replace_dir
 from reprogate.runtime import configure_mps_env
 from reprogate.specs import ModelSpec
 from reprogate.trainer import EpochSampler, lr_factor
@@ -82,3 +86,43 @@ def test_package_change_is_reported_not_refused():
     }
     now = dict(saved, environment={"torch": "2.13.0", "numpy": "2.4.6", "device": "cpu"})
     assert checkpoint.environment_changes(saved, now) == {"torch": ["2.12.0", "2.13.0"]}
+
+
+def test_a_folder_whose_writer_was_killed_is_kept_whole_and_its_leftovers_removed(tmp_path):
+    out = tmp_path / "features" / "m"
+    out.mkdir(parents=True)
+    (out / "old.txt").write_text("old")
+    # A writer killed by SIGKILL halfway: no cleanup code runs in it.
+    killed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, signal, sys; from pathlib import Path; from reprogate.atomic import replace_dir\n"
+            "with replace_dir(Path(sys.argv[1])) as tmp:\n"
+            "    (tmp / 'half.txt').write_text('half')\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n",
+            str(out),
+        ]
+    )
+    assert killed.returncode == -9
+    assert [p.name for p in out.parent.iterdir() if p.name.startswith(".m.tmp-")], "leftover expected"
+    assert (out / "old.txt").read_text() == "old"
+
+    with pytest.raises(RuntimeError), replace_dir(out) as tmp:
+        (tmp / "new.txt").write_text("new")
+        raise RuntimeError("a failing writer")
+    assert sorted(p.name for p in out.parent.iterdir()) == ["m"]  # its own temp gone, the dead one's too
+    assert (out / "old.txt").read_text() == "old"
+
+    with replace_dir(out) as tmp:
+        (tmp / "new.txt").write_text("new")
+    assert sorted(p.name for p in out.iterdir()) == ["new.txt"]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["m"]
+
+
+def test_a_live_writers_folder_is_left_alone(tmp_path):
+    out = tmp_path / "m"
+    live = tmp_path / f".m.tmp-{os.getppid()}"  # our parent: alive while we run
+    live.mkdir()
+    remove_stale(out)
+    assert live.is_dir()

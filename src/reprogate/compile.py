@@ -37,7 +37,7 @@ def _src(*modules: str) -> list[str]:
 def prepare_stage(p: Pipeline) -> dict[str, Any]:
     return {
         "cmd": "reprogate stage prepare",
-        "deps": _src("fetch.py", "jsonl.py", "stages/prepare.py"),
+        "deps": _src("atomic.py", "fetch.py", "jsonl.py", "stages/prepare.py"),
         "params": [{p.data: None}],
         "outs": ["data/prepared"],
         "metrics": [{"metrics/data.json": {"cache": False}}],
@@ -45,6 +45,7 @@ def prepare_stage(p: Pipeline) -> dict[str, Any]:
 
 
 ENGINE = (
+    "atomic.py",
     "runtime.py",
     "trainer.py",
     "checkpoint.py",
@@ -83,7 +84,13 @@ def features_stage(p: Pipeline) -> dict[str, Any]:
             "cmd": "reprogate stage features ${key}",
             "deps": [
                 "data/prepared",
-                *_src("runtime.py", "models/__init__.py", "models/${item.family}.py", "stages/features.py"),
+                *_src(
+                    "atomic.py",
+                    "runtime.py",
+                    "models/__init__.py",
+                    "models/${item.family}.py",
+                    "stages/features.py",
+                ),
             ],
             # Only what shapes the features: a head, lr or seed change does not re-encode.
             "params": [{"specs/models/${key}.yaml": ["family", "data", "${item.family}"]}],
@@ -152,6 +159,7 @@ def resume_check_stage(p: Pipeline) -> dict[str, Any]:
 
 
 SCORING = (
+    "atomic.py",
     "runtime.py",
     "trainer.py",
     "models/__init__.py",

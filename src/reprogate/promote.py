@@ -15,10 +15,10 @@ import json
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from reprogate.atomic import replace_dir
 from reprogate.errors import UserError
 from reprogate.hashing import sha256_file
 from reprogate.specs import load_params, load_spec, spec_hash
@@ -122,16 +122,11 @@ def keep_promoted(root: Path, name: str, version: str) -> Path:
         return dest
     fingerprint = json.loads((root / "models" / name / "fingerprint.json").read_text())
     try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=dest.parent))
-        try:
+        with replace_dir(dest) as tmp:
             for folder in [name, *fingerprint.get("members", {})]:
                 shutil.copytree(root / "models" / folder, tmp / folder)
             if (kept := model_version(tmp / name)) != version:
                 raise UserError(f"models/{name} holds {kept}, not the gate's {version}; run `dvc repro`.")
-            tmp.rename(dest)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     except OSError as e:  # a full disk, say: nothing is committed without the copy
         raise UserError(
             f"promotion refused: could not keep a copy of models/{name} in {dest} ({e.strerror or e}); "

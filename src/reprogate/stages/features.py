@@ -10,15 +10,14 @@ featurizer key and the sha256 of its prepared source both match; otherwise they 
 from __future__ import annotations
 
 import json
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from reprogate.atomic import replace_dir
 from reprogate.errors import UserError
 from reprogate.hashing import sha256_file
 from reprogate.models import feature_key
@@ -73,10 +72,8 @@ def write(root: Path, name: str, featurizer, names: list[str], produce) -> dict[
     """Write data/features/<name>/ from `produce(split) -> (features, extra manifest fields)`:
     built in a temporary sibling folder and swapped in whole, manifest last."""
     out = root / FEATURES / name
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out.parent))
     entries = {}
-    try:
+    with replace_dir(out) as tmp:
         for split in names:
             feats, extra = produce(split)
             save_file(featurizer.to_tensors(feats), str(tmp / f"{split}.safetensors"))
@@ -87,12 +84,6 @@ def write(root: Path, name: str, featurizer, names: list[str], produce) -> dict[
             }
         manifest = {"key": feature_key(featurizer), "featurizer": featurizer.key(), "splits": entries}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        tmp.chmod(0o755)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return entries
 
 

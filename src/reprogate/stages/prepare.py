@@ -11,7 +11,6 @@ import csv
 import difflib
 import json
 import logging
-import shutil
 import tempfile
 import unicodedata
 from collections import Counter
@@ -21,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from reprogate import jsonl
+from reprogate.atomic import replace_dir
 from reprogate.errors import UserError
 from reprogate.fetch import fetch_origin
 from reprogate.hashing import sha256_file
@@ -331,18 +331,10 @@ def prepare(
     outputs = {"train": tr, "validation": val, "calibration": cal, **{n: s.rows for n, s in heldout.items()}}
     if spec.negatives:
         outputs["negatives"] = negatives.rows
-    # Build in a sibling temp folder and swap, so a failure never leaves a half-written set.
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".prepared-", dir=out_dir.parent))
-    tmp.chmod(0o755)
-    try:
+    # Built in a sibling folder and swapped in, so a failure never leaves a half-written set.
+    with replace_dir(out_dir) as tmp:
         hashes = {n: _write_jsonl(tmp / f"{n}.jsonl", rows) for n, rows in outputs.items()}
         (tmp / "labels.json").write_text(json.dumps(spec.labels, ensure_ascii=False, indent=1) + "\n")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
     metrics = {
         "dataset": spec.id,
