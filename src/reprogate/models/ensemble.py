@@ -25,7 +25,7 @@ class EnsembleFeaturizer:
         # Not `device`: stages set that name to a torch.device on featurizers that have it.
         self.member_device: str | None = None
         self._scorers = None
-        self._key: dict | None = None
+        self._key: tuple[Path, dict] | None = None
 
     def scorers(self):
         if self._scorers is None:
@@ -57,20 +57,23 @@ class EnsembleFeaturizer:
         return {"logp": torch.stack(list(feats))}
 
     def key(self) -> dict:
-        # Members do not change while this process runs: hash their (large) weights once.
-        if self._key is None:
-            d = self.models_dir
-            self._key = {
-                "family": "ensemble",
-                "members": {
-                    m: {
-                        "model": sha256_file(d / m / "model.safetensors"),
-                        "calibration": sha256_file(d / m / "calibration.json"),
-                    }
-                    for m in self.members
+        # Members do not change while this process runs: hash their (large) weights once per folder.
+        d = self.models_dir
+        if self._key is None or self._key[0] != d:
+            self._key = (
+                d,
+                {
+                    "family": "ensemble",
+                    "members": {
+                        m: {
+                            "model": sha256_file(d / m / "model.safetensors"),
+                            "calibration": sha256_file(d / m / "calibration.json"),
+                        }
+                        for m in self.members
+                    },
                 },
-            }
-        return self._key
+            )
+        return self._key[1]
 
     def config(self) -> dict:
         return {"members": self.members}

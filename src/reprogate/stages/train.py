@@ -95,10 +95,12 @@ def load_train_data(root: Path, spec: ModelSpec, spec_path: Path):
     return TrainData(examples, out, data_hash)
 
 
-def fingerprint(spec: ModelSpec, data, device) -> dict[str, Any]:
+def fingerprint(spec: ModelSpec, data, device, featurizer) -> dict[str, Any]:
     from reprogate.runtime import environment
 
+    encoder = {"encoder_sha256": featurizer.encoder_sha256} if spec.family == "encoder" else {}
     return {
+        **encoder,
         "spec_hash": training_hash(spec),
         "data_hash": data.data_hash,
         "labels_hash": hashlib.sha256(json.dumps(data.labels).encode()).hexdigest(),
@@ -163,7 +165,7 @@ class Setup:
                 f"this run has only {self.total_steps} steps ({self.spec.epochs} epochs of "
                 f"{len(self.feats)} examples); use at most {self.total_steps}."
             )
-        self.fingerprint = fingerprint(self.spec, self.data, self.device)
+        self.fingerprint = fingerprint(self.spec, self.data, self.device, self.featurizer)
 
     def split(self, name: str):
         """Features of a prepared split: from features@m when it matches, else encoded now."""
@@ -413,10 +415,9 @@ def export(out: Path, setup: Setup, trainer) -> None:
     assets = out / "assets"
     assets.mkdir()
     model, spec = trainer.model, setup.spec
-    state = dict(model.state_dict())
-    if spec.family == "encoder" and spec.encoder.mode == "frozen":
-        # Self-contained for prediction on raw text: the frozen encoder's weights go in too.
-        state.update({f"encoder.{k}": v for k, v in setup.featurizer.encoder.state_dict().items()})
+    # Frozen mode saves the head only: the encoder is the spec's folder, named by its sha256 in
+    # config.json's featurizer key and checked when the model is loaded.
+    state = model.state_dict()
     save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(out / "model.safetensors"))
     config: dict[str, Any] = {
         "family": spec.family,
