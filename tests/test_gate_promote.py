@@ -418,6 +418,14 @@ def test_promote_refuses_a_dirty_workspace_then_commits_and_tags(home):
     )
     assert _git(home, "rev-parse", "HEAD") == head
     assert _git(home, "tag", "--list", "*#prod#*").split() == [f"{chosen}#prod#1"]
+    # A rollback is a revert of the promotion commit; history says what each commit put there.
+    _git(home, "revert", "--no-edit", "HEAD~1")
+    _git(home, "revert", "--no-edit", "HEAD")
+    newest = [line.split(" ", 2)[2] for line in run_cli("history", cwd=home).stdout.splitlines()[:3]]
+    restored = f'{prod["model_version"]}  Revert "Revert'
+    assert newest[0].startswith(restored) and newest[0].endswith("[files kept]")
+    assert newest[1].startswith('(none)  Revert "promote')
+    assert newest[2].startswith(f"{prod['model_version']}  promote {chosen}") and "[files kept]" in newest[2]
 
 
 def test_predict_routes_queries_with_the_production_model(home):

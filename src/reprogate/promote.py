@@ -186,13 +186,20 @@ def promote(root: Path, dry_run: bool = False) -> str:
 
 
 def history(root: Path) -> str:
-    """The promotions from git; `[files kept]` marks versions whose promoted files are in
-    models/.promoted/, so reverting to them takes effect at once."""
+    """The commits that changed production, newest first, each with the model it put there
+    (read from that commit's models/production.json, so a revert shows what it restored);
+    `[files kept]` marks versions whose promoted files are in models/.promoted/, so reverting
+    to them takes effect at once."""
     log = _git(root, "log", "--format=%h %ad %s", "--date=short", "--", str(PRODUCTION))
     lines = []
     for line in log.splitlines():
-        version = line.rsplit("(", 1)[-1].split(")", 1)[0] if " to production" in line else ""
-        kept = "@" in version and (root / PROMOTED / version).is_dir()
-        lines.append(line + ("  [files kept]" if kept else ""))
+        commit, date, subject = line.split(" ", 2)
+        shown = _git(root, "show", f"{commit}:{PRODUCTION}", check=False)
+        try:
+            version = json.loads(shown).get("model_version") if shown else None
+        except (json.JSONDecodeError, AttributeError):
+            version = None
+        kept = isinstance(version, str) and "@" in version and (root / PROMOTED / version).is_dir()
+        lines.append(f"{commit} {date} {version or '(none)'}  {subject}" + ("  [files kept]" if kept else ""))
     tags = _git(root, "tag", "--list", f"*#{STAGE}#*", "--format=%(refname:short) -> %(*objectname:short)")
     return ("\n".join(lines) or "(no promotions yet)") + ("\n\ntags:\n" + tags if tags else "")
