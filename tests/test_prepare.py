@@ -281,6 +281,18 @@ def test_offline_without_mirror_is_a_clear_error(tmp_path, monkeypatch):
     assert not (tmp_path / "p").exists()
 
 
+def test_a_mirror_that_is_not_there_is_named_when_the_download_fails(tmp_path, monkeypatch):
+    # A clone without ../shared beside it: the configured mirror is missing, not silently skipped.
+    gone = tmp_path / "shared" / "datasets"
+    monkeypatch.setenv("REPROGATE_MIRROR", str(gone))
+    monkeypatch.setattr("urllib.request.urlopen", _no_network)
+    with pytest.raises(UserError) as err:
+        prepare(BANKING, REPO, tmp_path / "p", tmp_path / "d.json")
+    msg = str(err.value)
+    assert f"searched {gone} (does not exist)" in msg
+    assert "train.csv with sha256 b06e26ac675513959a63135f11b94ea7786ed02da65db93a5650d8838cbc664b" in msg
+
+
 def _no_network(*a, **k):
     raise OSError("network is unreachable")
 

@@ -34,19 +34,25 @@ def mirror_dirs(root: Path) -> list[Path]:
                 f"{params}: field 'mirror' is {value!r}; write a folder path or a list of them, "
                 "e.g. ../shared/datasets."
             ) from None
-    return [d for d in ((root / e).resolve() for e in entries) if d.is_dir()]
+    return [(root / e).resolve() for e in entries]
 
 
 def _from_mirror(name: str, sha: str, mirrors: list[Path]) -> Path | None:
     basename = Path(name).name
-    for m in mirrors:
+    for m in filter(Path.is_dir, mirrors):
         for candidate in sorted(m.rglob(basename)):
             if candidate.is_file() and sha256_file(candidate) == sha:
                 return candidate
     return None
 
 
-def _download(url: str, dest: Path) -> None:
+def _searched(mirrors: list[Path]) -> str:
+    if not mirrors:
+        return "no mirror folder is configured"
+    return "searched " + ", ".join(f"{m}{'' if m.is_dir() else ' (does not exist)'}" for m in mirrors)
+
+
+def _download(url: str, dest: Path, sha: str, mirrors: list[Path]) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + ".part")
     try:
@@ -56,8 +62,10 @@ def _download(url: str, dest: Path) -> None:
     except (urllib.error.URLError, OSError) as e:
         tmp.unlink(missing_ok=True)
         raise UserError(
-            f"could not download {url} ({e}). This machine may be offline: put the file in a "
-            "local mirror folder (params.yaml 'mirror' or REPROGATE_MIRROR) and run again."
+            f"could not download {url} ({e}), and no mirror holds {dest.name} with sha256 {sha} "
+            f"({_searched(mirrors)}). This machine may be offline: put the file in a mirror folder "
+            "(params.yaml 'mirror', or REPROGATE_MIRROR, which overrides it; looked up by file name "
+            "and sha256, in any subfolder) and run again."
         ) from None
     os.replace(tmp, dest)
 
@@ -84,7 +92,7 @@ def fetch_origin(name: str, origin: Origin, spec_path: Path, root: Path) -> dict
                 if not (path.is_file() and sha256_file(path) == sha):
                     url = _url(src, fname)
                     where = url
-                    _download(url, path)
+                    _download(url, path, sha, mirrors)
         actual = sha256_file(path)
         if actual != sha:
             raise UserError(
