@@ -181,7 +181,8 @@ def promote(root: Path, dry_run: bool = False) -> str:
     commit = _git(root, "rev-parse", "--short", "HEAD")
     return (
         f"promote: {record['model']} is in production (commit {commit}, tag {p['tag']}); its files "
-        f"are kept in {PROMOTED / record['model_version']}"
+        f"are kept in {PROMOTED / record['model_version']}. The gate compares candidates with "
+        "production, so `dvc repro` reruns it against this one (commit its metrics/gate.json)."
     )
 
 
