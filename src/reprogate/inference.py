@@ -72,6 +72,7 @@ class Scorer:
             self._check_encoder(config["featurizer"])
         state = load_file(str(self.dir / "model.safetensors"))
         if self.spec.family == "encoder" and self.spec.encoder.mode == "frozen":
+            # Models trained before the head-only export also hold the encoder's weights.
             state = {k: v for k, v in state.items() if k.startswith("head.")}
             self.featurizer.device = self.device  # the encoder loads there only if raw text comes
         self.model.load_state_dict(state)
