@@ -354,6 +354,11 @@ def test_predict_input_lines_are_split_on_newlines_only(project):
         lines = [json.loads(x) for x in proc.stdout.splitlines()]
         assert [x["text"] for x in lines] == ["play some jazz", second]
         assert lines[0]["intent"] == "play_music"
+        # The closing summary goes to stderr (stdout stays pure JSON Lines) and counts the routes.
+        summary = proc.stderr.strip().splitlines()[-1]
+        acted = sum(x["route"] == "act" for x in lines)
+        assert summary.startswith(f"predict: 2 queries from {name} -> stdout with ")
+        assert f": {acted} act, {2 - acted} review (" in summary
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -6,6 +6,8 @@ import argparse
 import json
 import os
 import sys
+import time
+from collections import Counter
 from pathlib import Path
 
 from reprogate import jsonl
@@ -148,6 +150,8 @@ def _read_inputs(args: argparse.Namespace) -> list[str]:
 
 
 def _predict(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
     from reprogate.inference import load_servable
 
     texts = _read_inputs(args)
@@ -159,19 +163,36 @@ def _predict(args: argparse.Namespace) -> int:
             + "; give a file path in an existing folder, e.g. predictions.jsonl."
         )
     loaded = load_servable(_project(), Path(args.model) if args.model else None, args.device)
-    # One query at a time, so each latency_ms is that query's own.
-    lines = (jsonl.line(loaded.predict([t])[0]) for t in texts)
+    started = time.perf_counter()
+    # A file of queries is long work: a progress bar and a closing summary, both on stderr.
+    queue = tqdm(texts, desc="predict", unit="query", mininterval=2.0) if args.input else texts
+    routes: Counter[str] = Counter()
+
+    def predictions():
+        for t in queue:  # one query at a time, so each latency_ms is that query's own
+            p = loaded.predict([t])[0]
+            routes[p["route"]] += 1
+            routes["out of scope"] += "out_of_scope" in p["reasons"]
+            yield jsonl.line(p)
+
     if target is None:
-        sys.stdout.writelines(lines)
-        return 0
-    # Written beside the target and renamed when complete: an existing file is never half-overwritten.
-    part = target.with_name(f".{target.name}.part")
-    try:
-        with open(part, "w", encoding="utf-8") as f:
-            f.writelines(lines)
-        os.replace(part, target)
-    finally:
-        part.unlink(missing_ok=True)
+        sys.stdout.writelines(predictions())
+    else:
+        # Written beside the target and renamed when complete: an existing file is never half-overwritten.
+        part = target.with_name(f".{target.name}.part")
+        try:
+            with open(part, "w", encoding="utf-8") as f:
+                f.writelines(predictions())
+            os.replace(part, target)
+        finally:
+            part.unlink(missing_ok=True)
+    if args.input:
+        print(
+            f"predict: {len(texts)} queries from {args.input} -> {target or 'stdout'} with {loaded.version}: "
+            f"{routes['act']} act, {routes['review']} review ({routes['out of scope']} out of scope) "
+            f"in {time.perf_counter() - started:.1f} s",
+            file=sys.stderr,
+        )
     return 0
 
 
