@@ -288,6 +288,15 @@ def test_predict_output_is_checked_first_and_replaced_whole(project):
     assert not list(project.glob(".out.jsonl.part"))
 
 
+def test_a_model_folder_that_is_not_one_is_refused_with_the_ones_there_are(project):
+    from tests.conftest import run_cli
+
+    for wrong in ("models/tinny", "models"):
+        proc = run_cli("predict", "--model", wrong, "play some jazz", cwd=project)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert f"--model {wrong}: no trained model in that folder; give one of models/tiny" in proc.stderr
+
+
 def test_a_model_trained_on_a_gpu_is_served_on_a_cpu_only_host(project):
     # A model folder whose spec says `device: cuda` (trained on a GPU box) still answers here:
     # the serving device is --device (default auto), not the training spec's.

@@ -450,3 +450,16 @@ def test_a_frozen_model_stores_its_head_and_refuses_a_changed_encoder(project):
     proc = run_cli("stage", "train", "enc_local", cwd=project, check=True)
     assert "refused: it belongs to another run (encoder_sha256" in proc.stderr + proc.stdout
     assert Scorer(project, "enc_local").text_logits(["turn the lights on"]).shape == (1, 5)
+
+
+def test_plan_measures_a_trained_spec_and_points_an_ensemble_to_its_members(project):
+    proc = run_cli("plan", "tiny", cwd=project, check=True)
+    assert proc.stdout.startswith("plan: 12 steps") and "(budget" in proc.stdout
+    pair = {"kind": "model", "data": "specs/data/home.yaml", "family": "ensemble"}
+    pair["ensemble"] = {"members": ["tiny", "tiny2"]}
+    write_model_spec(project, "tiny2", dict(TINY_NGRAM, seed=2))
+    write_model_spec(project, "tiny_pair", pair)
+    proc = run_cli("plan", "tiny_pair", cwd=project)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "an ensemble is not trained" in proc.stderr
+    assert "plan its members instead: tiny, tiny2." in proc.stderr

@@ -205,12 +205,19 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     from reprogate.plan import measure
+    from reprogate.specs import ModelSpec, load_spec
     from reprogate.stages.train import Paths, Setup
 
     root = find_root(Path.cwd())
     spec = Path(args.spec)
     if not spec.exists() and (root / "specs" / "models" / f"{args.spec}.yaml").is_file():
         spec = root / "specs" / "models" / f"{args.spec}.yaml"  # a model name, as the stages take
+    spec_obj = load_spec(spec, ModelSpec)
+    if spec_obj.ensemble is not None:
+        raise UserError(
+            f"{spec}: an ensemble is not trained (combine@{spec.stem} fits its member weights in "
+            f"seconds); plan its members instead: {', '.join(spec_obj.ensemble.members)}."
+        )
     setup = Setup(root, Paths.for_model(root, spec.stem, spec))
     line = measure(setup).line()
     if setup.spec.processes > 1:  # what `stage train` measures in all its ranks before it starts

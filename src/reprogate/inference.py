@@ -405,6 +405,12 @@ def load_servable(root: Path, model_dir: Path | None = None, device: str = "auto
         model_dir, members_dir = production_files(root, record)
     else:
         members_dir = model_dir.parent
+        if not (model_dir / "config.json").is_file():
+            near = {str(c.parent) for d in (model_dir, model_dir.parent) for c in d.glob("*/config.json")}
+            raise UserError(
+                f"--model {model_dir}: no trained model in that folder; give one of "
+                f"{', '.join(sorted(near)) or 'the model folders `dvc repro` writes under models/'}."
+            )
     if not (model_dir / "calibration.json").is_file():
         raise UserError(
             f"{model_dir}: no calibration.json; run `dvc repro calibrate@{model_dir.name}` first."
