@@ -463,3 +463,16 @@ def test_plan_measures_a_trained_spec_and_points_an_ensemble_to_its_members(proj
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "an ensemble is not trained" in proc.stderr
     assert "plan its members instead: tiny, tiny2." in proc.stderr
+
+
+def test_a_failing_resume_check_child_is_quoted_in_the_error(project):
+    # Whatever stops the training child (here: its memory budget, crossed at the first update),
+    # the stage's error carries the child's own message, not only a pointer to its log.
+    spec = write_model_spec(project, "tiny_starved", dict(TINY_NGRAM, budget={"max_memory_gb": 0.01}))
+    work = project / "work" / "starved"
+    work.mkdir(parents=True)
+    with pytest.raises(UserError) as err:
+        resume_check.run_child(project, "tiny_starved", spec, work)
+    msg = str(err.value)
+    assert "training child failed (exit 2); it said: reprogate: " in msg
+    assert "max_memory_gb" in msg and "starved.log" in msg

@@ -96,15 +96,23 @@ def _supervise(
         proc.wait()
         raise UserError(
             f"resume_check: the training run ended (exit {proc.returncode}) before reaching "
-            f"the kill point {pause_at}; see {log_path}."
+            f"the kill point {pause_at}; it said: {_last_line(log_path)} (whole log: {log_path})"
         )
     out = proc.communicate(timeout=timeout)[0]
     if proc.returncode != 0:
         raise UserError(
-            f"resume_check: training child failed (exit {proc.returncode}); see {log_path}.\n"
-            f"{out.decode(errors='replace')}"
+            f"resume_check: training child failed (exit {proc.returncode}); it said: "
+            f"{_last_line(log_path)} (whole log: {log_path})\n{out.decode(errors='replace')}"
         )
     return {"killed": False, "returncode": 0}
+
+
+def _last_line(log_path: Path) -> str:
+    """The child's last words: its error message (a UserError) or the last line of a traceback."""
+    with open(log_path, "rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+        lines = [x.strip() for x in f.read().decode(errors="replace").splitlines() if x.strip()]
+    return lines[-1] if lines else "nothing"
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
