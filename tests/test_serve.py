@@ -440,6 +440,21 @@ def test_production_outlives_a_retrain_and_a_revert_brings_the_old_model_back(tm
         load_servable(root)
 
 
+def test_serve_on_a_port_in_use_says_so_before_loading_anything(project):
+    import socket
+
+    from tests.conftest import run_cli
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = run_cli("serve", "--port", str(port), cwd=project)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"--host 127.0.0.1 --port {port}: cannot listen there" in proc.stderr
+    assert "choose another with --port" in proc.stderr
+
+
 @pytest.mark.parametrize("command", [["predict", "play some jazz"], ["serve"], ["promote"], ["history"]])
 def test_outside_a_project_the_command_says_so(tmp_path, command):
     from tests.conftest import run_cli

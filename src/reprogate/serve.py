@@ -14,7 +14,9 @@ request is a 4xx with a message, never a 500, and the server keeps answering.
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 import threading
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -26,6 +28,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from reprogate.errors import UserError
 from reprogate.inference import load_servable as load
 from reprogate.inference import production_sha256
 
@@ -245,8 +248,33 @@ def create_app(
     return app
 
 
+def _check_address(host: str, port: int) -> None:
+    """Fail before loading the model when the address cannot be served (uvicorn would load it,
+    then log the bind error and exit 3)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise UserError(
+            f"--host {host}: not an address of this machine ({e.strerror}); use e.g. 127.0.0.1."
+        ) from None
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            s.bind(address)
+        except OSError as e:
+            fix = (
+                "another server is using the port: stop it, or choose another with --port"
+                if e.errno == errno.EADDRINUSE
+                else "give an address of this machine (127.0.0.1; 0.0.0.0 for all) and a port over 1023"
+            )
+            said = f"--host {host} --port {port}: cannot listen there ({e.strerror})"
+            raise UserError(f"{said}; {fix}.") from None
+
+
 def serve(root: Path, host: str, port: int, model_dir: Path | None, device: str = "auto") -> None:
     import uvicorn
 
+    _check_address(host, port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     uvicorn.run(create_app(root, model_dir, device=device), host=host, port=port, log_level="info")
