@@ -253,9 +253,16 @@ def test_a_small_calibration_set_is_said_to_give_estimates_not_bounds():
     assert "stopped at its bound 0.05" in said[0] and "overconfident" in said[0]
 
 
-def test_failed_resume_check_or_missing_metrics_fail_the_gate():
+def test_failed_resume_check_or_missing_metrics_fail_the_gate(tmp_path):
     rules = {r["rule"]: r["verdict"] for r in gate.judge("m", None, None, GateSpec(kind="gate"), None)}
     assert rules["heldout_accuracy"] == "fail" and rules["resume_equivalence"] == "fail"
+    # A candidate listed in params.yaml whose stages never ran (dvc.yaml not recompiled) is a
+    # recorded failure that says why, not a crash.
+    (tmp_path / "gate.yaml").write_text("kind: gate\n")
+    r = gate.run(tmp_path, ["newcomer"], tmp_path / "gate.yaml")
+    assert not r["passed"] and r["chosen"] is None and r["candidates"]["newcomer"]["not_evaluated"]
+    assert "newcomer: not evaluated (no metrics/newcomer/eval.json" in gate.summary(r)
+    assert "run `reprogate compile`, then `dvc repro`" in gate.summary(r)
 
 
 # ---------------------------------------------------------------- the whole loop, for real

@@ -153,6 +153,7 @@ def run(root: Path, models: list[str], gate_path: Path) -> dict[str, Any]:
         ev = _read(root / "metrics" / name / "eval.json")
         rules = judge(name, ev, resume_evidence(root, name), gate, prod)
         candidates[name] = {
+            **({} if ev else {"not_evaluated": True}),
             "passed": all(r["verdict"] != "fail" for r in rules),
             "heldout_accuracy": (ev or {}).get("sets", {}).get("test", {}).get("accuracy"),
             "model_version": (ev or {}).get("model_version"),
@@ -164,6 +165,13 @@ def run(root: Path, models: list[str], gate_path: Path) -> dict[str, Any]:
     reasons = []
     for n, c in candidates.items():
         failed = [r["rule"] for r in c["rules"] if r["verdict"] == "fail"]
+        if c.get("not_evaluated"):
+            # Typically a model added to params.yaml after dvc.yaml was last compiled.
+            reasons.append(
+                f"{n}: not evaluated (no metrics/{n}/eval.json; after adding a model to params.yaml, "
+                "run `reprogate compile`, then `dvc repro`)"
+            )
+            continue
         reasons.append(f"{n}: " + ("passed every rule" if not failed else f"failed {', '.join(failed)}"))
     if passing and len(passing) > 1:
         reasons.append(f"{passing[0]} has the best held-out accuracy among passing candidates")
