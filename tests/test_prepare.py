@@ -311,3 +311,53 @@ def test_a_spreadsheet_csv_with_bom_and_crlf_reads_like_a_plain_one(tmp_path):
     a, b = prepare(plain, tmp_path / "plain"), prepare(excel, tmp_path / "excel")
     assert a["rows"] == b["rows"] and a["dropped"] == b["dropped"]
     assert a["sha256"] == b["sha256"]  # the same prepared rows, byte for byte
+
+
+@pytest.fixture
+def http_folder(tmp_path, monkeypatch):
+    """A real HTTP server on localhost serving tmp_path/site: the download path, not a mock."""
+    import functools
+    import http.server
+    import threading
+
+    for var in ("no_proxy", "NO_PROXY"):  # a machine's HTTP proxy must not sit in between
+        monkeypatch.setenv(var, "127.0.0.1")
+    site = tmp_path / "site"
+    site.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
+    handler.log_message = lambda *a: None  # type: ignore[attr-defined]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield site, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_pinned_url_is_downloaded_verified_and_cached(tmp_path, http_folder):
+    site, base = http_folder
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    spec_path = _own_dataset(tmp_path, HOME, ["lights_on", "lights_off", "set_timer"])
+    (site / revision).mkdir()
+    shutil.copy(tmp_path / "raw" / "commands.csv", site / revision / "commands.csv")
+    spec = yaml.safe_load(spec_path.read_text())
+    url = base + "/{revision}/{file}"
+    spec["origins"]["mine"]["source"] = {"kind": "url", "url": url, "revision": revision}
+    spec_path.write_text(yaml.safe_dump(spec))
+
+    first = prepare(spec_path, tmp_path)
+    cached = tmp_path / "data" / "raw" / "mine" / revision / "commands.csv"
+    assert cached.read_bytes() == (tmp_path / "raw" / "commands.csv").read_bytes()
+    # Upstream changed under the same revision (or a proxy served something else): the pinned
+    # cache keeps serving the verified bytes; nothing is fetched again.
+    (site / revision / "commands.csv").write_text("utterance,intent\nsomething else,lights_on\n")
+    assert prepare(spec_path, tmp_path)["sha256"] == first["sha256"]
+
+    # Without the cache, the changed file is refused by its sha256 and not kept.
+    shutil.rmtree(tmp_path / "data")
+    with pytest.raises(UserError) as err:
+        prepare(spec_path, tmp_path)
+    msg = str(err.value)
+    assert "origins.mine.files.commands.csv: sha256 mismatch" in msg
+    assert f"{base}/{revision}/commands.csv" in msg
+    assert not cached.exists() and not list(cached.parent.glob("*.part"))
+    assert not (tmp_path / "data" / "prepared").exists()

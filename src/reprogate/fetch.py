@@ -52,7 +52,9 @@ def _searched(mirrors: list[Path]) -> str:
     return "searched " + ", ".join(f"{m}{'' if m.is_dir() else ' (does not exist)'}" for m in mirrors)
 
 
-def _download(url: str, dest: Path, sha: str, mirrors: list[Path]) -> None:
+def _download(url: str, dest: Path, sha: str, mirrors: list[Path]) -> str:
+    """Download to `dest` and return the sha256 of what came; a file that does not match `sha`
+    is deleted instead of landing in the cache."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + ".part")
     try:
@@ -67,7 +69,12 @@ def _download(url: str, dest: Path, sha: str, mirrors: list[Path]) -> None:
             "(params.yaml 'mirror', or REPROGATE_MIRROR, which overrides it; looked up by file name "
             "and sha256, in any subfolder) and run again."
         ) from None
-    os.replace(tmp, dest)
+    actual = sha256_file(tmp)
+    if actual == sha:
+        os.replace(tmp, dest)
+    else:
+        tmp.unlink()
+    return actual
 
 
 def fetch_origin(name: str, origin: Origin, spec_path: Path, root: Path) -> dict[str, Path]:
@@ -92,17 +99,21 @@ def fetch_origin(name: str, origin: Origin, spec_path: Path, root: Path) -> dict
                 if not (path.is_file() and sha256_file(path) == sha):
                     url = _url(src, fname)
                     where = url
-                    _download(url, path, sha, mirrors)
+                    if (actual := _download(url, path, sha, mirrors)) != sha:
+                        raise _mismatch(spec_path, name, fname, url, sha, actual)
         actual = sha256_file(path)
         if actual != sha:
-            raise UserError(
-                f"{spec_path}: origins.{name}.files.{fname}: sha256 mismatch for {path} (from "
-                f"{where}): expected {sha}, actual {actual}. The file changed or is the wrong "
-                "one; restore the pinned file, or if the new file is intended, review it and "
-                "put its sha256 in the spec. Nothing was written."
-            )
+            raise _mismatch(spec_path, name, fname, f"{path}, from {where}", sha, actual)
         out[fname] = path
     return out
+
+
+def _mismatch(spec_path: Path, name: str, fname: str, where: str, sha: str, actual: str) -> UserError:
+    return UserError(
+        f"{spec_path}: origins.{name}.files.{fname}: sha256 mismatch ({where}): expected {sha}, "
+        f"actual {actual}. The file changed or is the wrong one; restore the pinned file, or if "
+        "the new file is intended, review it and put its sha256 in the spec. Nothing was written."
+    )
 
 
 def _url(src: UrlSource | HfSource, fname: str) -> str:
