@@ -369,6 +369,25 @@ def test_pipeline_writes_predictions_and_a_passing_gate(home):
     ] == ["oos_val"]
 
 
+def test_a_refused_commit_leaves_production_and_the_index_as_they_were(home):
+    # A commit hook that says no (or git without an identity): promote must not leave the new
+    # record behind, neither in the file nor staged for the next commit someone makes.
+    before = (home / "models/production.json").read_bytes()
+    head = _git(home, "rev-parse", "HEAD")
+    hook = home / ".git" / "hooks" / "pre-commit"
+    hook.write_text("#!/bin/sh\necho 'policy: no commits today' >&2\nexit 1\n")
+    hook.chmod(0o755)
+    try:
+        proc = run_cli("promote", cwd=home)
+    finally:
+        hook.unlink()
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "git commit failed (policy: no commits today); production is unchanged" in proc.stderr
+    assert (home / "models/production.json").read_bytes() == before
+    assert _git(home, "rev-parse", "HEAD") == head and _git(home, "status", "--porcelain").strip() == ""
+    assert _git(home, "tag", "--list", "*#prod#*").strip() == ""
+
+
 def test_promote_refuses_a_dirty_workspace_then_commits_and_tags(home):
     before = (home / "models/production.json").read_bytes()
     (home / "notes.txt").write_text("an uncommitted change\n")

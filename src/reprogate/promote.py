@@ -165,6 +165,7 @@ def promote(root: Path, dry_run: bool = False) -> str:
         )
     keep_promoted(root, record["model"], record["model_version"])
     path = root / PRODUCTION
+    tracked = bool(_git(root, "ls-tree", "--name-only", "HEAD", "--", str(PRODUCTION), check=False))
     path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     _git(root, "add", str(PRODUCTION))
     proc = subprocess.run(
@@ -175,8 +176,17 @@ def promote(root: Path, dry_run: bool = False) -> str:
         capture_output=True,
     )
     if proc.returncode != 0:
-        _git(root, "checkout", "--", str(PRODUCTION), check=False)
-        raise UserError(f"git commit failed, production unchanged: {proc.stderr.strip()}")
+        # Back to HEAD's record, in the index too: `add` above staged the new one.
+        if tracked:
+            _git(root, "checkout", "HEAD", "--", str(PRODUCTION), check=False)
+        else:
+            _git(root, "rm", "-q", "--cached", "--", str(PRODUCTION), check=False)
+            path.unlink(missing_ok=True)
+        said = proc.stderr.strip() or proc.stdout.strip() or f"exit {proc.returncode}"
+        raise UserError(
+            f"promotion refused: git commit failed ({said}); production is unchanged. Git needs "
+            "user.name and user.email, and every commit hook must pass; fix that and promote again."
+        )
     _git(root, "tag", "-a", p["tag"], "-m", p["message"])
     commit = _git(root, "rev-parse", "--short", "HEAD")
     return (
