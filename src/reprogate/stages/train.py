@@ -435,6 +435,14 @@ def export(out: Path, setup: Setup, trainer) -> None:
         }[spec.encoder.mode]()
         enc.config.save_pretrained(assets / "encoder")
         setup.featurizer.tokenizer.save_pretrained(assets / "tokenizer")
+        # transformers records how it was loaded (HF_HUB_OFFLINE, which `make` sets, becomes
+        # local_files_only): not part of the tokenizer, and it would make the bytes differ
+        # between `make repro` and a plain `dvc repro`.
+        tok_config = assets / "tokenizer" / "tokenizer_config.json"
+        if tok_config.is_file():
+            saved = json.loads(tok_config.read_text())
+            saved.pop("local_files_only", None)
+            tok_config.write_text(json.dumps(saved, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (out / "labels.json").write_text(json.dumps(setup.data.labels, indent=1, ensure_ascii=False) + "\n")
     fp = dict(setup.fingerprint, total_steps=setup.total_steps)
