@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
+import stat
 import threading
 import time
 from pathlib import Path
@@ -288,6 +290,33 @@ def test_predict_output_is_checked_first_and_replaced_whole(project):
     assert not list(project.glob(".out.jsonl.part"))
 
 
+def test_output_to_a_pipe_or_a_full_device_keeps_the_device_and_says_what_happened(project, tmp_path):
+    from tests.conftest import run_cli
+
+    # A FIFO (like /dev/null, not a regular file) is written to, never renamed over.
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    got: list[str] = []
+
+    def read() -> None:
+        with open(fifo, encoding="utf-8") as f:
+            got.extend(f.read().splitlines())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    queries = ["play some jazz", "turn off the lights"]
+    run_cli("predict", *queries, "--output", str(fifo), cwd=project, check=True)
+    reader.join(timeout=30)
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+    assert [json.loads(x)["text"] for x in got] == queries
+
+    # A real "No space left on device" (from /dev/full): one paragraph, the device intact.
+    proc = run_cli("predict", "play some jazz", "--output", "/dev/full", cwd=project)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "could not write /dev/full: No space left on device. Free space" in proc.stderr
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+
+
 def test_a_model_folder_that_is_not_one_is_refused_with_the_ones_there_are(project):
     from tests.conftest import run_cli
 
@@ -441,8 +470,6 @@ def test_production_outlives_a_retrain_and_a_revert_brings_the_old_model_back(tm
 
 
 def test_serve_on_a_port_in_use_says_so_before_loading_anything(project):
-    import socket
-
     from tests.conftest import run_cli
 
     with socket.socket() as taken:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -177,6 +178,14 @@ def _predict(args: argparse.Namespace) -> int:
 
     if target is None:
         sys.stdout.writelines(predictions())
+    elif target.exists() and not target.is_file():
+        # /dev/null, a pipe: written to as it is (renaming over it would replace the device).
+        try:
+            with open(target, "w", encoding="utf-8") as f:
+                f.writelines(predictions())
+        except OSError as e:
+            e.filename = e.filename or str(target)
+            raise
     else:
         # Written beside the target and renamed when complete: an existing file is never half-overwritten.
         part = target.with_name(f".{target.name}.part")
@@ -307,6 +316,22 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and the like
         sys.stderr.close()
         return 0
+    except OSError as e:
+        if e.errno not in MACHINE_LIMITS:
+            raise
+        # The machine, not the code: say which file and what to do, not a traceback.
+        print(
+            f"reprogate: could not write {e.filename or 'a file'}: {e.strerror}. Free space (or "
+            "raise the quota, or make the folder writable) and run the same command again. "
+            "Nothing complete was lost: prepared data, features and checkpoints are only ever "
+            "replaced whole, and training resumes from its last committed checkpoint.",
+            file=sys.stderr,
+        )
+        return 2
+
+
+# Errors of the machine a run can hit anywhere it writes (disk full, quota, read-only).
+MACHINE_LIMITS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
 
 
 if __name__ == "__main__":
