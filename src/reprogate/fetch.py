@@ -91,19 +91,15 @@ def fetch_origin(name: str, origin: Origin, spec_path: Path, root: Path) -> dict
                     f"{spec_path}: origins.{name}.files: {fname} is missing from {where}; "
                     f"put it there or fix origins.{name}.source.path."
                 )
-        else:
-            path = _from_mirror(fname, sha, mirrors)
-            where = "mirror"
-            if path is None:
-                path = root / "data" / "raw" / name / src.revision / fname
-                if not (path.is_file() and sha256_file(path) == sha):
-                    url = _url(src, fname)
-                    where = url
-                    if (actual := _download(url, path, sha, mirrors)) != sha:
-                        raise _mismatch(spec_path, name, fname, url, sha, actual)
-        actual = sha256_file(path)
-        if actual != sha:
-            raise _mismatch(spec_path, name, fname, f"{path}, from {where}", sha, actual)
+            if (actual := sha256_file(path)) != sha:
+                raise _mismatch(spec_path, name, fname, f"{path}, from {where}", sha, actual)
+        # Mirror, download cache and download are each verified on the way in.
+        elif (path := _from_mirror(fname, sha, mirrors)) is None:
+            path = root / "data" / "raw" / name / src.revision / fname
+            if not (path.is_file() and sha256_file(path) == sha):
+                url = _url(src, fname)
+                if (actual := _download(url, path, sha, mirrors)) != sha:
+                    raise _mismatch(spec_path, name, fname, url, sha, actual)
         out[fname] = path
     return out
 
