@@ -328,9 +328,10 @@ def _jsonable(obj):
 def total_steps(spec, n_examples: int) -> int:
     if spec.steps is not None:
         return spec.steps
-    # Each of the spec's processes takes an equal shard of every epoch (EpochSampler).
-    micro = math.ceil(n_examples // spec.processes / spec.micro_batch)
-    return spec.epochs * math.ceil(micro / spec.grad_accum)
+    # Each of the spec's processes takes an equal shard of every epoch: counted by the sampler
+    # that draws them, so the two cannot disagree.
+    sampler = EpochSampler(n_examples, spec.micro_batch, spec.seed, world=spec.processes)
+    return spec.epochs * math.ceil(sampler.micro_batches_per_epoch() / spec.grad_accum)
 
 
 def read_jsonl(path: Path) -> list[dict]:
