@@ -303,6 +303,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# Errors of the machine a run can hit anywhere it writes (disk full, quota, read-only).
+MACHINE_LIMITS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -328,10 +332,6 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-
-
-# Errors of the machine a run can hit anywhere it writes (disk full, quota, read-only).
-MACHINE_LIMITS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
 
 
 if __name__ == "__main__":
