@@ -10,11 +10,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from reprogate.errors import UserError
 from reprogate.fetch import mirror_dirs
 from reprogate.specs import Normalization
-from reprogate.stages.prepare import canonical_text, normalize, prepare
+from reprogate.stages.prepare import normalize, prepare
+from reprogate.text import canonical
 from tests.conftest import REPO, run_cli
 
 BANKING = REPO / "specs" / "data" / "banking77.yaml"
@@ -77,9 +80,23 @@ def test_byte_identical_rerun(banking, tmp_path):
         assert (tmp_path / "prepared" / f.name).read_bytes() == f.read_bytes()
 
 
-def test_canonicalisation_folds_quoted_newlines():
-    assert canonical_text("\nI can't seem to use my card\n\n\n") == "I can't seem to use my card"
+def test_canonicalisation_folds_quoted_newlines_and_typographic_forms():
+    assert canonical("\nI can't seem to use my card\n\n\n") == "I can't seem to use my card"
+    # What phones and word processors type, and fullwidth input, become what keyboards type.
+    typed = "I can\u2019t use my \uff43\uff41\uff52\uff44\u00a0abroad"
+    assert canonical(typed) == "I can't use my card abroad"
+    assert canonical("a \u201efee\u201d of \u20181\u2019") == "a \"fee\" of '1'"
+    assert canonical("cafe\u0301") == "caf\u00e9"  # one spelling of é, as NFC and NFKC agree
     assert normalize("What's  my PIN?!", Normalization()) == "what s my pin"
+
+
+@given(st.text(max_size=200))
+def test_canonical_form_is_stable(text):
+    # Stored texts are canonicalised again when a prepared text is sent as a query: the model
+    # must see the same string both times, for any input.
+    once = canonical(text)
+    assert canonical(once) == once
+    assert once == once.strip() and "  " not in once and "\n" not in once
 
 
 def _own_dataset(tmp_path: Path, rows: list[tuple[str, str]], labels: list[str]) -> Path:

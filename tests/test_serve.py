@@ -70,6 +70,18 @@ def test_predict_one_and_many(client):
     assert v["model"] == "tiny" and v["code_commit"] == "test" and "temperature" in v["calibration"]
 
 
+def test_a_query_meets_the_spelling_the_model_was_trained_on(client):
+    # prepare stores canonical texts; a query typed on a phone (’ for '), in fullwidth letters or
+    # across lines must be scored as that same text, not as unseen n-grams.
+    typed = ["what\u2019s the weather like", "\uff50\uff4c\uff41\uff59 some jazz", "turn off\n the  lights"]
+    plain = ["what's the weather like", "play some jazz", "turn off the lights"]
+    got = client.post("/predict", json={"texts": typed}).json()["predictions"]
+    want = client.post("/predict", json={"texts": plain}).json()["predictions"]
+    assert [p["text"] for p in got] == typed  # answered as asked
+    strip = lambda p: {k: v for k, v in p.items() if k not in ("text", "latency_ms")}  # noqa: E731
+    assert [strip(p) for p in got] == [strip(p) for p in want]
+
+
 BAD_REQUESTS = [
     ("empty body", {"content": b""}),
     ("null", {"content": b"null"}),

@@ -19,8 +19,9 @@ from safetensors.torch import load_file
 
 from reprogate.errors import UserError
 from reprogate.hashing import sha256_file
+from reprogate.pipeline import PRODUCTION, PROMOTED
 from reprogate.specs import OOS_LABEL, ModelSpec
-from reprogate.stages.gate import PRODUCTION, PROMOTED
+from reprogate.text import canonical
 
 N_BINS = 15
 
@@ -117,7 +118,9 @@ class Scorer:
         return self.logits_for(split_features(self.root, self.name, self.featurizer, split))
 
     def text_logits(self, texts: list[str]) -> torch.Tensor:
-        return self.logits_for(self.featurizer.encode(texts))
+        # The form `prepare` stored the training data in, so a query meets the spelling it was
+        # trained on (’ and ', fullwidth letters, newlines).
+        return self.logits_for(self.featurizer.encode([canonical(t) for t in texts]))
 
     @property
     def oos_index(self) -> int | None:

@@ -25,6 +25,7 @@ from reprogate.errors import UserError
 from reprogate.fetch import fetch_origin
 from reprogate.hashing import sha256_file
 from reprogate.specs import DataSpec, Normalization, Table, find_root, load_spec
+from reprogate.text import canonical
 
 PREPARED = Path("data/prepared")
 DATA_METRICS = Path("metrics/data.json")
@@ -42,11 +43,6 @@ class Row:
 class Split:
     rows: list[Row]
     dropped: Counter = field(default_factory=Counter)
-
-
-def canonical_text(text: str) -> str:
-    """Stored form: NFC, whitespace runs (including quoted newlines) folded to one space."""
-    return " ".join(unicodedata.normalize("NFC", text).split())
 
 
 def normalize(text: str, n: Normalization) -> str:
@@ -207,7 +203,7 @@ def _load(
         if label in t.exclude_labels:
             split.dropped["excluded_label"] += 1
             continue
-        text = canonical_text(text)
+        text = canonical(text)
         if not text:
             split.dropped["empty_text"] += 1
             continue
