@@ -37,7 +37,7 @@ def _src(*modules: str) -> list[str]:
 def prepare_stage(p: Pipeline) -> dict[str, Any]:
     return {
         "cmd": "reprogate stage prepare",
-        "deps": _src("atomic.py", "fetch.py", "jsonl.py", "stages/prepare.py"),
+        "deps": _src("atomic.py", "fetch.py", "jsonl.py", "text.py", "stages/prepare.py"),
         "params": [{p.data: None}],
         "outs": ["data/prepared"],
         "metrics": [{"metrics/data.json": {"cache": False}}],
@@ -158,15 +158,8 @@ def resume_check_stage(p: Pipeline) -> dict[str, Any]:
     )
 
 
-SCORING = (
-    "atomic.py",
-    "runtime.py",
-    "trainer.py",
-    "models/__init__.py",
-    "stages/features.py",
-    "stages/train.py",
-    "inference.py",
-)
+# Scoring runs trained models through stages/train.py, which imports the whole engine.
+SCORING = (*ENGINE, "inference.py", "text.py")
 MODEL_FILES = [f"models/${{key}}/{f}" for f in TRAIN_FILES]
 
 

@@ -8,6 +8,12 @@ from pathlib import Path
 from reprogate.errors import UserError
 from reprogate.specs import DataSpec, GateSpec, ModelSpec, load_params, load_spec
 
+# The production record (written only by `reprogate promote`, read by the gate and serving).
+PRODUCTION = Path("models/production.json")
+# A copy of each promoted model's files (an ensemble's members too), by model version:
+# production answers from here after a retrain, and a reverted promotion finds its files.
+PROMOTED = Path("models/.promoted")
+
 
 @dataclass(frozen=True)
 class Pipeline:

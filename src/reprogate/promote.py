@@ -21,8 +21,8 @@ from typing import Any
 from reprogate.atomic import replace_dir
 from reprogate.errors import UserError
 from reprogate.hashing import sha256_file
+from reprogate.pipeline import PRODUCTION, PROMOTED
 from reprogate.specs import load_params, load_spec, spec_hash
-from reprogate.stages.gate import PRODUCTION, PROMOTED
 
 STAGE = "prod"
 

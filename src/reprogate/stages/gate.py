@@ -13,12 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from reprogate.pipeline import PRODUCTION
 from reprogate.specs import GateSpec, ModelSpec, load_spec
-
-PRODUCTION = Path("models/production.json")
-# A copy of each promoted model's files (an ensemble's members too), by model version:
-# production answers from here after a retrain, and a reverted promotion finds its files.
-PROMOTED = Path("models/.promoted")
 
 
 def _rule(name: str, value: Any, op: str, threshold: Any, note: str = "") -> dict[str, Any]:
