@@ -30,7 +30,7 @@ from reprogate.inference import (
 )
 from reprogate.specs import GateSpec
 from reprogate.stages import calibrate, gate
-from tests.conftest import BIN, REPO, TINY_NGRAM, copy_project, run_cli, write_model_spec
+from tests.conftest import BIN, REPO, TINY_NGRAM, copy_project, make_home_project, run_cli, write_model_spec
 
 
 def test_temperature_recovers_a_known_miscalibration():
@@ -251,6 +251,20 @@ def test_a_small_calibration_set_is_said_to_give_estimates_not_bounds():
     assert fit_temperature(logits, gold) < 1.0
     said = calibrate.warnings(_fit(TEMPERATURE_RANGE[0], 90, 0, 0.0, 0.0), 0.9, "d.yaml", all_right=False)
     assert "stopped at its bound 0.05" in said[0] and "overconfident" in said[0]
+
+
+def test_what_a_calibration_cannot_promise_is_kept_with_it(tmp_path):
+    from reprogate.stages import train
+
+    root = make_home_project(tmp_path)
+    (root / "specs" / "gate.yaml").write_text("kind: gate\npolicy_fit: {confidence: 0.9}\n")
+    train.run(root, train.Paths.for_model(root, "tiny"), skip_plan=True, log=lambda s: None)
+    said = calibrate.run(root, "tiny", root / "specs" / "gate.yaml")
+    stored = json.loads((root / "models/tiny/calibration.json").read_text())
+    # 15 oos_val queries cannot bound a 1% rate: said on the run and kept in the file, where a
+    # reviewer of the model (and of its promotion) reads its calibration.
+    assert any("15 out-of-scope queries, too few for a confidence bound" in w for w in said["warnings"])
+    assert stored["warnings"] == said["warnings"]
 
 
 def test_failed_resume_check_or_missing_metrics_fail_the_gate(tmp_path):

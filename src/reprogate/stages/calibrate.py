@@ -82,9 +82,11 @@ def run(root: Path, name: str, gate_path: Path) -> dict[str, Any]:
             **{k: v for k, v in policy.items() if k not in ("threshold", "margin")},
         },
     }
-    (scorer.dir / "calibration.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     all_right = separable(logits, torch.from_numpy(gold))
-    return {**result, "warnings": warnings(result, gate.policy_fit.confidence, scorer.spec.data, all_right)}
+    # Kept with the fit, so whoever reads the model's calibration (or promotes it) sees them too.
+    result["warnings"] = warnings(result, gate.policy_fit.confidence, scorer.spec.data, all_right)
+    (scorer.dir / "calibration.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    return result
 
 
 def warnings(r: dict[str, Any], confidence: float, data_spec: str, all_right: bool) -> list[str]:
