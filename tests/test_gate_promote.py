@@ -299,6 +299,24 @@ def _dvc(root: Path, *args: str) -> str:
     return proc.stdout
 
 
+def test_a_clone_without_the_tags_numbers_the_next_promotion_after_the_committed_ones(tmp_path):
+    from reprogate.promote import next_number
+
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "models").mkdir()
+    record = tmp_path / "models" / "production.json"
+    for i in (1, 2, 3):
+        record.write_text(json.dumps({"model_version": f"m@{i}"}))
+        _git(tmp_path, "add", "-A")
+        _git(tmp_path, "commit", "-qm", f"promote m (m@{i}) to production")
+    _git(tmp_path, "revert", "--no-edit", "HEAD")  # a rollback is not a promotion
+    # Only the first promotion's tag came along (fetched before the others were pushed).
+    _git(tmp_path, "tag", "-a", "m#prod#1", "-m", "promote m", "HEAD~3")
+    assert next_number(tmp_path, "m") == 4 and next_number(tmp_path, "other") == 1
+    _git(tmp_path, "tag", "-a", "m#prod#7", "-m", "promote m", "HEAD")  # more tags than commits
+    assert next_number(tmp_path, "m") == 8
+
+
 @pytest.fixture(scope="module")
 def home(tmp_path_factory) -> Path:
     """A copy of this repository running the pipeline on the home-assistant fixture."""

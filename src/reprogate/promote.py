@@ -97,8 +97,7 @@ def plan(root: Path) -> dict[str, Any]:
             r["rule"]: {k: r[k] for k in ("value", "op", "threshold", "verdict")} for r in cand["rules"]
         },
     }
-    previous = [t for t in _git(root, "tag", "--list", f"{name}#{STAGE}#*").splitlines() if t]
-    n = 1 + max((int(t.rsplit("#", 1)[1]) for t in previous if t.rsplit("#", 1)[1].isdigit()), default=0)
+    n = next_number(root, name)
     lines = [f"promote {name} ({cand['model_version']}) to production", ""]
     for r in cand["rules"]:
         if r["verdict"] == "n/a":
@@ -194,6 +193,18 @@ def promote(root: Path, dry_run: bool = False) -> str:
         f"are kept in {PROMOTED / record['model_version']}. The gate compares candidates with "
         "production, so `dvc repro` reruns it against this one (commit its metrics/gate.json)."
     )
+
+
+def next_number(root: Path, name: str) -> int:
+    """GTO's <n> of the next `name#prod#<n>` tag: after every earlier one, counted from the tags
+    and from the promotion commits of models/production.json. A clone without the tags (a
+    shallow CI checkout, a `git clone` of a branch whose tags were never pushed) would otherwise
+    start again at 1 and name a second, different promotion like the first."""
+    tags = [t for t in _git(root, "tag", "--list", f"{name}#{STAGE}#*").splitlines() if t]
+    tagged = max((int(t.rsplit("#", 1)[1]) for t in tags if t.rsplit("#", 1)[1].isdigit()), default=0)
+    log = _git(root, "log", "--format=%s", "--", str(PRODUCTION), check=False)
+    committed = sum(line.startswith(f"promote {name} (") for line in log.splitlines())
+    return 1 + max(tagged, committed)
 
 
 def history(root: Path) -> str:
