@@ -169,6 +169,26 @@ def test_missing_device_is_a_clear_error(project):
     assert "field 'device' is 'cuda'" in proc.stderr and "oncuda.yaml" in proc.stderr
 
 
+def test_validate_checks_an_epoch_runs_checkpoint_interval_against_the_prepared_data(project):
+    from reprogate.trainer import total_steps
+
+    base = {k: v for k, v in TINY_NGRAM.items() if k != "steps"} | {"epochs": 2}
+    path = write_model_spec(project, "by_epochs", base | {"checkpoint": {"every_steps": 1000}})
+    rows = len((project / "data" / "prepared" / "train.jsonl").read_text().splitlines())
+    steps = total_steps(train.load_spec(path, train.ModelSpec), rows)
+    # The run's length is known only from the data: validate says so once data is prepared,
+    # before any training, with the words training itself would use.
+    said = run_cli("validate", str(path), cwd=project)
+    assert said.returncode == 1 and "field 'checkpoint.every_steps' is 1000" in said.stderr
+    assert f"only {steps} steps (2 epochs of {rows} examples); use at most {steps}" in said.stderr
+    started = run_cli("stage", "train", "by_epochs", cwd=project)
+    assert started.returncode == 2 and f"use at most {steps}" in started.stderr
+    write_model_spec(project, "by_epochs", base | {"checkpoint": {"every_steps": steps}})
+    ok = run_cli("validate", str(path), cwd=project, check=True)
+    assert f"ok    {path} (model; {steps} steps on the prepared data)" in ok.stdout
+    path.unlink()
+
+
 def test_budget_is_enforced_before_training(project):
     write_model_spec(
         project,

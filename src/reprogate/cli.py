@@ -22,16 +22,20 @@ DEVICE_HELP = "where to run the model (default auto: CUDA, else MPS, else CPU), 
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from reprogate.specs import iter_spec_files, load_spec
+    from reprogate.specs import ModelSpec, iter_spec_files, load_spec
+    from reprogate.stages.train import prepared_steps
 
     files = iter_spec_files([Path(p) for p in args.paths])
     if not files:
         raise UserError(f"no .yaml specs found under {' '.join(args.paths)}.")
+    root = find_root(Path.cwd())
     failed = 0
     for f in files:
         try:
             spec = load_spec(f)
-            print(f"ok    {f} ({spec.kind})")
+            # An epoch-based run's length depends on the data: checked when it is prepared.
+            steps = prepared_steps(root, spec, f) if isinstance(spec, ModelSpec) else None
+            print(f"ok    {f} ({spec.kind}" + (f"; {steps} steps on the prepared data)" if steps else ")"))
         except UserError as e:
             failed += 1
             print(f"error {e}", file=sys.stderr)

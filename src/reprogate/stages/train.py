@@ -133,6 +133,39 @@ def rank_device(device, spec: ModelSpec, spec_path: Path):
     return torch.device("cuda", local)
 
 
+def checked_total_steps(spec: ModelSpec, spec_path: Path, n_examples: int) -> int:
+    """The run's optimizer updates, once the number of examples is known; a checkpoint interval
+    longer than the run is refused (no checkpoint would ever be written)."""
+    from reprogate.trainer import total_steps
+
+    steps = total_steps(spec, n_examples)
+    if spec.checkpoint.every_steps > steps:
+        raise UserError(
+            f"{spec_path}: field 'checkpoint.every_steps' is {spec.checkpoint.every_steps}, but "
+            f"this run has only {steps} steps ({spec.epochs} epochs of {n_examples} examples); "
+            f"use at most {steps}."
+        )
+    return steps
+
+
+def prepared_steps(root: Path, spec: ModelSpec, spec_path: Path) -> int | None:
+    """What `checked_total_steps` will say when training starts, said at `validate` time from
+    the prepared data's row counts, when data/prepared holds the spec's data (None otherwise)."""
+    from reprogate.trainer import read_jsonl
+
+    if spec.family == "ensemble" or spec.steps is not None:
+        return None
+    prepared = root / PREPARED
+    data_spec = root / spec.data
+    if not (prepared / "labels.json").is_file() or not data_spec.is_file():
+        return None
+    if json.loads((prepared / "labels.json").read_text()) != load_spec(data_spec, DataSpec).labels:
+        return None  # prepared from another data spec
+    parts = ["train"] + (["negatives"] if spec.head.out_of_scope_class else [])
+    n = sum(len(read_jsonl(prepared / f"{p}.jsonl")) for p in parts)
+    return checked_total_steps(spec, spec_path, n)
+
+
 class Setup:
     """Everything needed to build a fresh, seeded trainer (possibly more than once)."""
 
@@ -156,15 +189,7 @@ class Setup:
 
             self.feats = concat(self.feats, self.split("negatives"))
         self.encode_s = time.perf_counter() - t0
-        from reprogate.trainer import total_steps
-
-        self.total_steps = total_steps(self.spec, len(self.feats))
-        if self.spec.checkpoint.every_steps > self.total_steps:
-            raise UserError(
-                f"{paths.spec}: field 'checkpoint.every_steps' is {self.spec.checkpoint.every_steps}, but "
-                f"this run has only {self.total_steps} steps ({self.spec.epochs} epochs of "
-                f"{len(self.feats)} examples); use at most {self.total_steps}."
-            )
+        self.total_steps = checked_total_steps(self.spec, paths.spec, len(self.feats))
         self.fingerprint = fingerprint(self.spec, self.data, self.device, self.featurizer)
 
     def split(self, name: str):
