@@ -84,3 +84,4 @@ def test_every_module_a_stage_runs_is_a_dependency(stage, cmd, item, deps):
     needed = {str(f.relative_to(REPO)) for f in _closure(start)} - {"src/reprogate/__init__.py"}
     missing = sorted(needed - set(deps))
     assert not missing, f"{stage} runs {missing} but dvc.yaml does not list them: see compile.py"
+    assert "requirements.lock" in deps, f"{stage} would not rerun when a locked package changes"

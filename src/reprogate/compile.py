@@ -21,7 +21,10 @@ HEADER = (
     "# change a spec, run `reprogate compile`, commit both. CI runs `reprogate compile --check`.\n"
 )
 PKG = "src/reprogate"
+# Every stage: its own modules, the ones all stages run, and the locked packages (a torch,
+# transformers or numpy bump can change any stage's output bytes, so it reruns them).
 COMMON = [
+    "requirements.lock",
     f"{PKG}/stages/__init__.py",
     f"{PKG}/pipeline.py",
     f"{PKG}/specs.py",
