@@ -300,7 +300,7 @@ def _dvc(root: Path, *args: str) -> str:
 
 
 def test_a_clone_without_the_tags_numbers_the_next_promotion_after_the_committed_ones(tmp_path):
-    from reprogate.promote import next_number
+    from reprogate.promote import history, next_number
 
     _git(tmp_path, "init", "-q")
     (tmp_path / "models").mkdir()
@@ -313,6 +313,7 @@ def test_a_clone_without_the_tags_numbers_the_next_promotion_after_the_committed
     # Only the first promotion's tag came along (fetched before the others were pushed).
     _git(tmp_path, "tag", "-a", "m#prod#1", "-m", "promote m", "HEAD~3")
     assert next_number(tmp_path, "m") == 4 and next_number(tmp_path, "other") == 1
+    assert "2 promotion commit(s) above have no tag in this clone" in history(tmp_path)
     _git(tmp_path, "tag", "-a", "m#prod#7", "-m", "promote m", "HEAD")  # more tags than commits
     assert next_number(tmp_path, "m") == 8
 

@@ -224,4 +224,12 @@ def history(root: Path) -> str:
         kept = isinstance(version, str) and "@" in version and (root / PROMOTED / version).is_dir()
         lines.append(f"{commit} {date} {version or '(none)'}  {subject}" + ("  [files kept]" if kept else ""))
     tags = _git(root, "tag", "--list", f"*#{STAGE}#*", "--format=%(refname:short) -> %(*objectname:short)")
-    return ("\n".join(lines) or "(no promotions yet)") + ("\n\ntags:\n" + tags if tags else "")
+    promotions = sum(line.split(" ", 2)[2].startswith("promote ") for line in log.splitlines())
+    untagged = promotions - len(tags.splitlines())
+    note = (
+        f"\n\n{untagged} promotion commit(s) above have no tag in this clone (tags are not fetched by "
+        "every clone: `git fetch --tags`); `promote` numbers the next tag after them all the same."
+        if untagged > 0
+        else ""
+    )
+    return ("\n".join(lines) or "(no promotions yet)") + ("\n\ntags:\n" + tags if tags else "") + note
