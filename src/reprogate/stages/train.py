@@ -161,9 +161,11 @@ def prepared_steps(root: Path, spec: ModelSpec, spec_path: Path) -> int | None:
         return None
     if json.loads((prepared / "labels.json").read_text()) != load_spec(data_spec, DataSpec).labels:
         return None  # prepared from another data spec
-    parts = ["train"] + (["negatives"] if spec.head.out_of_scope_class else [])
-    n = sum(len(read_jsonl(prepared / f"{p}.jsonl")) for p in parts)
-    return checked_total_steps(spec, spec_path, n)
+    names = ["train"] + (["negatives"] if spec.head.out_of_scope_class else [])
+    parts = [prepared / f"{n}.jsonl" for n in names]
+    if not all(p.is_file() for p in parts):
+        return None  # prepared before the data spec had negatives: train says to rerun prepare
+    return checked_total_steps(spec, spec_path, sum(len(read_jsonl(p)) for p in parts))
 
 
 class Setup:
