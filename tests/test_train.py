@@ -189,6 +189,19 @@ def test_validate_checks_an_epoch_runs_checkpoint_interval_against_the_prepared_
     path.unlink()
 
 
+def test_validate_on_data_prepared_before_the_spec_had_negatives_leaves_the_count_to_train(tmp_path):
+    root = make_home_project(tmp_path)
+    data = root / "specs" / "data" / "home.yaml"
+    table = "{origin: home, file: oos_val.csv, text_field: utterance, label_field: intent}"
+    data.write_text(data.read_text() + f"negatives:\n  - {table}\n")  # not prepared again
+    spec = {k: v for k, v in TINY_NGRAM.items() if k != "steps"} | {"epochs": 2}
+    path = write_model_spec(root, "oos", spec | {"head": {"out_of_scope_class": True}})
+    ok = run_cli("validate", str(path), cwd=root, check=True)
+    assert f"ok    {path} (model)" in ok.stdout and "Traceback" not in ok.stderr
+    started = run_cli("stage", "train", "oos", cwd=root)
+    assert started.returncode == 2 and "dvc repro prepare" in started.stderr, started.stderr
+
+
 def test_budget_is_enforced_before_training(project):
     write_model_spec(
         project,

@@ -88,6 +88,11 @@ def load_train_data(root: Path, spec: ModelSpec, spec_path: Path):
     out = list(labels)
     if spec.head.out_of_scope_class:
         neg = prepared / "negatives.jsonl"
+        if not neg.is_file():
+            raise UserError(
+                f"{spec_path}: head.out_of_scope_class is true, but {prepared} has no negatives.jsonl: "
+                f"it was prepared before {spec.data} declared negatives. Run `dvc repro prepare`."
+            )
         files.append(neg)
         examples += [Example(r["text"], len(labels)) for r in read_jsonl(neg)]
         out.append(OOS_LABEL)
