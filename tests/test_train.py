@@ -202,6 +202,22 @@ def test_validate_on_data_prepared_before_the_spec_had_negatives_leaves_the_coun
     assert started.returncode == 2 and "dvc repro prepare" in started.stderr, started.stderr
 
 
+def test_scoring_a_split_the_prepared_data_lacks_names_the_stage_to_rerun(tmp_path):
+    root = make_home_project(tmp_path)
+    run_cli("stage", "train", "tiny", cwd=root, check=True)
+    run_cli("stage", "calibrate", "tiny", cwd=root, check=True)
+    data = root / "specs" / "data" / "home.yaml"
+    table = "{origin: home, file: real.csv, text_field: utterance, label_field: intent}"
+    extra = f"  heard:\n    kind: labelled\n    use: evaluate\n    table: {table}\n"
+    data.write_text(data.read_text().replace("eval_sets:\n", "eval_sets:\n" + extra))  # not prepared
+    said = run_cli("stage", "evaluate", "tiny", cwd=root)
+    assert said.returncode == 2 and "Traceback" not in said.stderr
+    assert "data/prepared/heard.jsonl does not exist" in said.stderr and "dvc repro prepare" in said.stderr
+    (root / "data" / "prepared" / "oos_val.jsonl").unlink()
+    said = run_cli("stage", "calibrate", "tiny", cwd=root)
+    assert said.returncode == 2 and "oos_val.jsonl does not exist" in said.stderr
+
+
 def test_budget_is_enforced_before_training(project):
     write_model_spec(
         project,

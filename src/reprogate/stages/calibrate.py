@@ -29,9 +29,8 @@ from reprogate.inference import (
     separable,
 )
 from reprogate.specs import DataSpec, GateSpec, load_spec
+from reprogate.stages.features import prepared_file
 from reprogate.trainer import read_jsonl
-
-PREPARED = Path("data/prepared")
 
 
 def gold_indices(rows: list[dict], labels: list[str]) -> np.ndarray:
@@ -43,7 +42,7 @@ def run(root: Path, name: str, gate_path: Path) -> dict[str, Any]:
     scorer = Scorer(root, name)
     data = load_spec(root / scorer.spec.data, DataSpec)
     gate = load_spec(gate_path, GateSpec)
-    gold = gold_indices(read_jsonl(root / PREPARED / "calibration.jsonl"), scorer.labels)
+    gold = gold_indices(read_jsonl(prepared_file(root, "calibration")), scorer.labels)
     logits = scorer.split_logits("calibration")
     temperature = fit_temperature(logits, torch.from_numpy(gold))
     before, after = probabilities(logits), probabilities(logits, temperature)

@@ -28,6 +28,7 @@ from reprogate.inference import (
     probabilities,
 )
 from reprogate.specs import DataSpec, load_spec
+from reprogate.stages.features import prepared_file
 from reprogate.trainer import read_jsonl
 
 PREPARED = Path("data/prepared")
@@ -89,7 +90,7 @@ def run(root: Path, name: str) -> dict[str, Any]:
     results: dict[str, Any] = {}
     per_intent: dict[str, Any] = {}
     for split, kind in eval_sets(data).items():
-        rows = read_jsonl(root / PREPARED / f"{split}.jsonl")
+        rows = read_jsonl(prepared_file(root, split))
         logits = scorer.split_logits(split)
         raw, cal = probabilities(logits), probabilities(logits, policy.temperature)
         act = act_mask(cal, policy, oos)

@@ -40,13 +40,26 @@ def require_prepared(root: Path, spec_path: Path) -> Path:
     return prepared
 
 
+def prepared_file(root: Path, split: str) -> Path:
+    """data/prepared/<split>.jsonl, or the error that says the prepared data is older than the
+    data spec (a split or evaluation set declared since, or a file removed)."""
+    path = root / PREPARED / f"{split}.jsonl"
+    if not path.is_file():
+        raise UserError(
+            f"{path} does not exist: the prepared data does not have the split '{split}' (declared in "
+            "the data spec after `prepare` ran, or the file was removed). Run `dvc repro prepare` "
+            "(`dvc repro` reruns what depends on it)."
+        )
+    return path
+
+
 def splits(root: Path, spec: ModelSpec) -> list[str]:
     names = sorted(p.stem for p in (root / PREPARED).glob("*.jsonl"))
     return [n for n in names if n != "negatives" or spec.head.out_of_scope_class]
 
 
 def texts(root: Path, split: str) -> list[str]:
-    with open(root / PREPARED / f"{split}.jsonl", encoding="utf-8") as f:
+    with open(prepared_file(root, split), encoding="utf-8") as f:
         return [json.loads(line)["text"] for line in f]
 
 
@@ -54,7 +67,7 @@ def split_features(root: Path, name: str, featurizer, split: str):
     """Cached features of a prepared split when they match; freshly encoded otherwise."""
     folder = root / FEATURES / name
     manifest = folder / "manifest.json"
-    source = root / PREPARED / f"{split}.jsonl"
+    source = prepared_file(root, split)
     if manifest.is_file():
         m = json.loads(manifest.read_text())
         entry = m["splits"].get(split)
