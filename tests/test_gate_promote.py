@@ -279,6 +279,37 @@ def test_failed_resume_check_or_missing_metrics_fail_the_gate(tmp_path):
     assert "run `reprogate compile`, then `dvc repro`" in gate.summary(r)
 
 
+def test_damaged_evidence_is_a_recorded_failure_not_a_crash(tmp_path):
+    (tmp_path / "gate.yaml").write_text("kind: gate\n")
+    (tmp_path / "metrics" / "cut").mkdir(parents=True)
+    (tmp_path / "metrics" / "cut" / "eval.json").write_text('{"sets": {"test": ')  # a killed writer
+    (tmp_path / "metrics" / "cut" / "resume.json").write_text("<<<<<<< HEAD\n")  # a merge conflict
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "production.json").write_text('<<<<<<< HEAD\n{"model": "a"}\n=======\n')
+    r = gate.run(tmp_path, ["cut"], tmp_path / "gate.yaml")
+    assert not r["passed"] and json.loads((tmp_path / "metrics" / "gate.json").read_text()) == r
+    assert "cut: not evaluated (metrics/cut/eval.json is not valid JSON" in gate.summary(r)
+    assert "dvc repro --force --single-item evaluate@cut" in gate.summary(r)
+    rules = {x["rule"]: x for x in r["candidates"]["cut"]["rules"]}
+    assert rules["resume_equivalence"]["verdict"] == "fail"
+    assert "resume.json is not valid JSON" in rules["resume_equivalence"]["note"]
+    compared = rules["not_worse_than_production"]
+    assert compared["verdict"] == "fail" and "production.json is not valid JSON" in compared["note"]
+    assert "git checkout HEAD -- models/production.json" in compared["note"]
+    # A record that is JSON but not one promote wrote (no held-out accuracy): the same, said so.
+    (tmp_path / "models" / "production.json").write_text('{"model": "a", "model_version": "a@1"}')
+    again = gate.run(tmp_path, ["cut"], tmp_path / "gate.yaml")["candidates"]["cut"]["rules"]
+    rules = {x["rule"]: x for x in again}
+    assert "it has no heldout_accuracy" in rules["not_worse_than_production"]["note"]
+
+
+def test_schema_out_must_be_a_folder(tmp_path):
+    (tmp_path / "taken").write_text("x")
+    proc = run_cli("schema", "--out", str(tmp_path / "taken"), cwd=tmp_path)
+    assert proc.returncode == 2 and "that is a file; give a folder" in proc.stderr
+    assert (tmp_path / "taken").read_text() == "x"
+
+
 # ---------------------------------------------------------------- the whole loop, for real
 
 

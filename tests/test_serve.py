@@ -280,6 +280,44 @@ def test_production_is_served_only_from_the_promoted_files(tmp_path):
     assert load_servable(root, root / "models" / "tiny").version != promoted
 
 
+DAMAGE = {
+    "truncated weights": ("model.safetensors", lambda b: b[:100], "model.safetensors cannot be read"),
+    "truncated calibration": ("calibration.json", lambda b: b[:50], "calibration.json is not valid JSON"),
+    "config cut short": ("config.json", lambda b: b"{", "config.json is not valid JSON"),
+    "labels gone": ("labels.json", None, "labels.json does not exist"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_model_folder_is_named_with_its_fix(project, tmp_path, damage):
+    from tests.conftest import run_cli
+
+    name, cut, said = DAMAGE[damage]
+    folder = tmp_path / "tiny"
+    shutil.copytree(project / "models" / "tiny", folder)
+    f = folder / name
+    f.unlink() if cut is None else f.write_bytes(cut(f.read_bytes()))
+    proc = run_cli("predict", "--model", str(folder), "play some jazz", cwd=project)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{folder / name}" in proc.stderr and said in proc.stderr
+    assert f"the model folder {folder} is damaged: `dvc checkout {folder}`" in proc.stderr
+
+
+def test_a_production_record_left_in_a_merge_conflict_says_how_to_restore_it(project):
+    from tests.conftest import run_cli
+
+    record = project / "models" / "production.json"
+    good = record.read_bytes()
+    try:
+        record.write_text(f"<<<<<<< HEAD\n{good.decode()}\n=======\n{{}}\n>>>>>>> theirs\n")
+        proc = run_cli("predict", "play some jazz", cwd=project)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert "production.json is not valid JSON" in proc.stderr
+        assert "git checkout HEAD -- models/production.json" in proc.stderr
+    finally:
+        record.write_bytes(good)
+
+
 def test_predict_output_is_checked_first_and_replaced_whole(project):
     from tests.conftest import run_cli
 

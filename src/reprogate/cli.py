@@ -47,6 +47,8 @@ def _schema(args: argparse.Namespace) -> int:
     from reprogate.specs import json_schemas
 
     out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: that is a file; give a folder for the JSON Schema files.")
     out.mkdir(parents=True, exist_ok=True)
     for kind, schema in json_schemas().items():
         (out / f"{kind}.schema.json").write_text(json.dumps(schema, indent=2, sort_keys=True) + "\n")

@@ -13,6 +13,20 @@ class UserError(Exception):
     """A mistake the user can fix. The CLI prints the message and exits 2, without traceback."""
 
 
+def read_json(path: Path, fix: str) -> Any:
+    """A JSON file reprogate wrote (a model's config, calibration, the production record),
+    or one paragraph naming it and `fix` when it is missing or damaged (a truncated copy, a
+    merge conflict)."""
+    import json
+
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{path} does not exist; {fix}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} is not valid JSON ({e}); {fix}") from None
+
+
 def _show(value: object, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

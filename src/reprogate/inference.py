@@ -15,15 +15,29 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from reprogate.errors import UserError
+from reprogate.errors import UserError, read_json
 from reprogate.hashing import sha256_file
-from reprogate.pipeline import PRODUCTION, PROMOTED
+from reprogate.pipeline import PRODUCTION, PROMOTED, RESTORE_PRODUCTION
 from reprogate.specs import OOS_LABEL, ModelSpec
 from reprogate.text import canonical
 
 N_BINS = 15
+
+
+def damaged(model_dir: Path) -> str:
+    """The fix for a model folder with a missing or damaged file."""
+    if PROMOTED.name in model_dir.parts:
+        return (
+            f"the kept copy {model_dir} is damaged: delete {model_dir.parent} to fall back to the "
+            "workspace's models/ (when it holds the promoted files)."
+        )
+    return (
+        f"the model folder {model_dir} is damaged: `dvc checkout {model_dir}` restores what DVC cached, "
+        "or `dvc repro` rebuilds it."
+    )
 
 
 @dataclass
@@ -34,7 +48,7 @@ class Policy:
 
     @classmethod
     def load(cls, path: Path) -> Policy:
-        c = json.loads(path.read_text())
+        c = read_json(path, damaged(path.parent))
         return cls(c["temperature"], c["policy"]["threshold"], c["policy"]["margin"])
 
 
@@ -59,8 +73,8 @@ class Scorer:
         self.dir = model_dir or root / "models" / name
         if not (self.dir / "config.json").is_file():
             raise UserError(f"{self.dir}: no trained model here; run `dvc repro train@{name}` first.")
-        config = json.loads((self.dir / "config.json").read_text())
-        self.labels: list[str] = json.loads((self.dir / "labels.json").read_text())
+        config = read_json(self.dir / "config.json", damaged(self.dir))
+        self.labels: list[str] = read_json(self.dir / "labels.json", damaged(self.dir))
         self.spec = ModelSpec.model_validate(config["spec"])
         configure_mps_env(self.spec)
         if device is None:
@@ -71,14 +85,18 @@ class Scorer:
         self.model, self.featurizer = models.build(self.spec, len(self.labels), root)
         if self.spec.family == "encoder":
             self._check_encoder(config["featurizer"])
-        state = load_file(str(self.dir / "model.safetensors"))
+        try:
+            state = load_file(str(self.dir / "model.safetensors"))
+        except (SafetensorError, FileNotFoundError) as e:
+            weights = self.dir / "model.safetensors"
+            raise UserError(f"{weights} cannot be read ({e}); {damaged(self.dir)}") from None
         if self.spec.family == "encoder" and self.spec.encoder.mode == "frozen":
             # Models trained before the head-only export also hold the encoder's weights.
             state = {k: v for k, v in state.items() if k.startswith("head.")}
             self.featurizer.device = self.device  # the encoder loads there only if raw text comes
         self.model.load_state_dict(state)
         self.model.to(self.device).eval()
-        self.fingerprint = json.loads((self.dir / "fingerprint.json").read_text())
+        self.fingerprint = read_json(self.dir / "fingerprint.json", damaged(self.dir))
         if self.spec.family == "ensemble":
             self.featurizer.member_device = device  # members are scored where the ensemble is
             self.featurizer.models_dir = members_dir or self.featurizer.models_dir
@@ -400,7 +418,9 @@ def load_servable(root: Path, model_dir: Path | None = None, device: str = "auto
     source = None
     if model_dir is None:
         source = production_sha256(root)
-        record = json.loads((root / PRODUCTION).read_text()) if source else {}
+        record = read_json(root / PRODUCTION, RESTORE_PRODUCTION) if source else {}
+        if not isinstance(record, dict):
+            raise UserError(f"{root / PRODUCTION} is not a production record; {RESTORE_PRODUCTION}")
         if not record.get("model"):
             raise UserError(
                 f"{root / PRODUCTION}: no model in production yet; run `reprogate promote` after a "

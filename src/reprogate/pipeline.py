@@ -10,6 +10,10 @@ from reprogate.specs import DataSpec, GateSpec, ModelSpec, load_params, load_spe
 
 # The production record (written only by `reprogate promote`, read by the gate and serving).
 PRODUCTION = Path("models/production.json")
+RESTORE_PRODUCTION = (
+    "only `reprogate promote` writes it: restore the committed record with "
+    "`git checkout HEAD -- models/production.json` (after a merge conflict, take one side whole)"
+)
 # A copy of each promoted model's files (an ensemble's members too), by model version:
 # production answers from here after a retrain, and a reverted promotion finds its files.
 PROMOTED = Path("models/.promoted")

@@ -19,12 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from reprogate.atomic import replace_dir
-from reprogate.errors import UserError
+from reprogate.errors import UserError, read_json
 from reprogate.hashing import sha256_file
-from reprogate.pipeline import PRODUCTION, PROMOTED
+from reprogate.pipeline import PRODUCTION, PROMOTED, RESTORE_PRODUCTION
 from reprogate.specs import load_params, load_spec, spec_hash
 
 STAGE = "prod"
+# What every file promote reads comes from: the pipeline's outputs.
+RERUN = "run `dvc repro` (and `dvc checkout` for a damaged DVC output), commit, and promote again."
 
 
 def _git(root: Path, *args: str, check: bool = True) -> str:
@@ -49,7 +51,7 @@ def plan(root: Path) -> dict[str, Any]:
     gate_path = root / "metrics" / "gate.json"
     if not gate_path.is_file():
         raise UserError(f"{gate_path} does not exist: run `dvc repro` (the gate stage) first.")
-    gate = json.loads(gate_path.read_text())
+    gate = read_json(gate_path, RERUN)
     if not gate["passed"]:
         raise UserError(
             "promotion refused: the gate did not pass for this workspace: "
@@ -71,10 +73,10 @@ def plan(root: Path) -> dict[str, Any]:
     name = gate["chosen"]
     cand = gate["candidates"][name]
     model_dir = root / "models" / name
-    config = json.loads((model_dir / "config.json").read_text())
+    config = read_json(model_dir / "config.json", RERUN)
     params = load_params(root)
-    data_metrics = json.loads((root / "metrics" / "data.json").read_text())
-    evaluation = json.loads((root / "metrics" / name / "eval.json").read_text())
+    data_metrics = read_json(root / "metrics" / "data.json", RERUN)
+    evaluation = read_json(root / "metrics" / name / "eval.json", RERUN)
     record = {
         "model": name,
         "model_version": cand["model_version"],
@@ -90,7 +92,7 @@ def plan(root: Path) -> dict[str, Any]:
         "code_commit": _git(root, "rev-parse", "HEAD"),
         "heldout_accuracy": cand["heldout_accuracy"],
         "heldout_accuracy_ci95": evaluation["sets"]["test"]["accuracy_ci95"],
-        "calibration": json.loads((model_dir / "calibration.json").read_text())["policy"]
+        "calibration": read_json(model_dir / "calibration.json", RERUN)["policy"]
         | {"temperature": evaluation["temperature"]},
         "family": config["family"],
         "gate": {
@@ -119,7 +121,7 @@ def keep_promoted(root: Path, name: str, version: str) -> Path:
     dest = root / PROMOTED / version
     if dest.is_dir():
         return dest
-    fingerprint = json.loads((root / "models" / name / "fingerprint.json").read_text())
+    fingerprint = read_json(root / "models" / name / "fingerprint.json", RERUN)
     try:
         with replace_dir(dest) as tmp:
             for folder in [name, *fingerprint.get("members", {})]:
@@ -137,7 +139,7 @@ def keep_promoted(root: Path, name: str, version: str) -> Path:
 def promote(root: Path, dry_run: bool = False) -> str:
     p = plan(root)
     record = p["record"]
-    current = json.loads((root / PRODUCTION).read_text()) if (root / PRODUCTION).is_file() else {}
+    current = read_json(root / PRODUCTION, RESTORE_PRODUCTION) if (root / PRODUCTION).is_file() else {}
     if (current.get("model_version"), current.get("calibration")) == (
         record["model_version"],
         record["calibration"],

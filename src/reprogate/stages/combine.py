@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from reprogate.errors import UserError
-from reprogate.inference import separable
+from reprogate.errors import UserError, read_json
+from reprogate.inference import damaged, separable
 from reprogate.models.ensemble import EnsembleCombiner, EnsembleFeaturizer
 from reprogate.specs import ModelSpec, load_spec, spec_hash
 from reprogate.stages.calibrate import gold_indices
@@ -61,7 +61,7 @@ def run(root: Path, name: str) -> dict[str, Any]:
                 f"{spec_path}: ensemble member '{m}' has no calibrated model in models/{m}; run "
                 f"`dvc repro calibrate@{m}` (which trains it first if needed), then combine again."
             )
-    labels = [json.loads((root / "models" / m / "labels.json").read_text()) for m in members]
+    labels = [read_json(root / "models" / m / "labels.json", damaged(root / "models" / m)) for m in members]
     if any(lbl != labels[0] for lbl in labels):
         raise UserError(
             f"{spec_path}: ensemble.members {members} have different output labels; retrain them "

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from reprogate import jsonl
+from reprogate.errors import read_json
 from reprogate.hashing import sha256_file
 from reprogate.inference import (
     Policy,
@@ -73,7 +74,7 @@ def eval_sets(data: DataSpec) -> dict[str, str]:
 
 def run(root: Path, name: str) -> dict[str, Any]:
     scorer = Scorer(root, name)
-    calibration = json.loads((scorer.dir / "calibration.json").read_text())
+    calibration = read_json(scorer.dir / "calibration.json", f"run `dvc repro calibrate@{name}` first.")
     policy = Policy.load(scorer.dir / "calibration.json")
     data = load_spec(root / scorer.spec.data, DataSpec)
     labels, oos = scorer.labels, scorer.oos_index

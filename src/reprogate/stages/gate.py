@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from reprogate.pipeline import PRODUCTION
+from reprogate.pipeline import PRODUCTION, RESTORE_PRODUCTION
 from reprogate.specs import GateSpec, ModelSpec, load_spec
 
 
@@ -36,12 +36,20 @@ def _na(name: str, note: str) -> dict[str, Any]:
 
 
 def _read(path: Path) -> dict[str, Any] | None:
-    return json.loads(path.read_text()) if path.is_file() else None
+    """A JSON file of evidence; None when absent. A damaged one (truncated, a merge conflict)
+    comes back as {"unreadable": why}: the gate records it as missing evidence, never crashes."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        return {"unreadable": f"{path.name} is not valid JSON ({e})"}
+    return data if isinstance(data, dict) else {"unreadable": f"{path.name} is not a JSON object"}
 
 
 def production(root: Path) -> dict[str, Any] | None:
     prod = _read(root / PRODUCTION)
-    return prod if prod and prod.get("model") else None
+    return prod if prod and (prod.get("model") or "unreadable" in prod) else None
 
 
 def judge(name: str, ev: dict | None, resume: dict | None, gate: GateSpec, prod: dict | None) -> list[dict]:
@@ -99,7 +107,7 @@ def judge(name: str, ev: dict | None, resume: dict | None, gate: GateSpec, prod:
                 (resume or {}).get("passed"),
                 "==",
                 True,
-                "" if resume else "metrics/<m>/resume.json missing",
+                (resume or {}).get("unreadable") or ("" if resume else "metrics/<m>/resume.json missing"),
             )
         )
     c = gate.compare_to_production
@@ -107,6 +115,17 @@ def judge(name: str, ev: dict | None, resume: dict | None, gate: GateSpec, prod:
         rules.append(_na("not_worse_than_production", "disabled in the gate spec"))
     elif prod is None:
         rules.append(_na("not_worse_than_production", "no model in production yet"))
+    elif not isinstance(prod.get("heldout_accuracy"), int | float):
+        why = prod.get("unreadable") or "it has no heldout_accuracy"
+        rules.append(
+            _rule(
+                "not_worse_than_production",
+                None,
+                ">=",
+                None,
+                f"models/production.json cannot be compared with: {why}; {RESTORE_PRODUCTION}",
+            )
+        )
     else:
         hi = test.get("accuracy_ci95", [None, None])[1]
         rule = _rule(
@@ -115,7 +134,7 @@ def judge(name: str, ev: dict | None, resume: dict | None, gate: GateSpec, prod:
             ">=",
             prod["heldout_accuracy"],
             f"upper end of the candidate's 95% bootstrap interval vs production "
-            f"{prod['model']} ({prod['model_version']})",
+            f"{prod.get('model')} ({prod.get('model_version')})",
         )
         theirs, ours = prod.get("data_sha256", {}).get("test"), test.get("data_sha256")
         if theirs and ours and theirs != ours:
@@ -147,9 +166,11 @@ def run(root: Path, models: list[str], gate_path: Path) -> dict[str, Any]:
     candidates = {}
     for name in models:
         ev = _read(root / "metrics" / name / "eval.json")
+        unreadable = (ev or {}).get("unreadable")
+        ev = None if unreadable else ev
         rules = judge(name, ev, resume_evidence(root, name), gate, prod)
         candidates[name] = {
-            **({} if ev else {"not_evaluated": True}),
+            **({} if ev else {"not_evaluated": unreadable or True}),
             "passed": all(r["verdict"] != "fail" for r in rules),
             "heldout_accuracy": (ev or {}).get("sets", {}).get("test", {}).get("accuracy"),
             "model_version": (ev or {}).get("model_version"),
@@ -161,6 +182,12 @@ def run(root: Path, models: list[str], gate_path: Path) -> dict[str, Any]:
     reasons = []
     for n, c in candidates.items():
         failed = [r["rule"] for r in c["rules"] if r["verdict"] == "fail"]
+        if isinstance(c.get("not_evaluated"), str):
+            reasons.append(
+                f"{n}: not evaluated (metrics/{n}/{c['not_evaluated']}; run "
+                f"`dvc repro --force --single-item evaluate@{n}`, then `dvc repro`)"
+            )
+            continue
         if c.get("not_evaluated"):
             # Typically a model added to params.yaml after dvc.yaml was last compiled.
             reasons.append(
@@ -175,7 +202,9 @@ def run(root: Path, models: list[str], gate_path: Path) -> dict[str, Any]:
         "passed": bool(passing),
         "chosen": passing[0] if passing else None,
         "reasons": reasons,
-        "production": {k: prod[k] for k in ("model", "model_version", "heldout_accuracy")} if prod else None,
+        "production": {k: prod.get(k) for k in ("model", "model_version", "heldout_accuracy")}
+        if prod
+        else None,
         "gate_spec": str(gate_path.relative_to(root)) if gate_path.is_relative_to(root) else str(gate_path),
         "candidates": candidates,
     }
