@@ -73,9 +73,7 @@ def _stage_instances() -> list:
     return out
 
 
-@pytest.mark.parametrize(
-    "stage,cmd,item,deps", _stage_instances(), ids=lambda v: v if isinstance(v, str) else ""
-)
+@pytest.mark.parametrize("stage,cmd,item,deps", _stage_instances())
 def test_every_module_a_stage_runs_is_a_dependency(stage, cmd, item, deps):
     name = cmd.split()[2]  # reprogate stage NAME [model]
     start = {PKG / "stages" / "__init__.py", PKG / "stages" / f"{name}.py"}
