@@ -25,6 +25,10 @@ import torch.distributed as dist
 
 from reprogate.errors import UserError
 
+# How long rank 0 may take to finish after another rank failed, before it is stopped too (a
+# rank 0 blocked in a collective on the failed rank would otherwise wait forever).
+RANK0_GRACE_S = 5.0
+
 
 def launch(root: Path, argv: list[str], processes: int, spec_path: Path) -> str:
     """Run `reprogate <argv>` as `processes` ranks and wait for all of them. Rank 0 speaks for
@@ -57,6 +61,14 @@ def launch(root: Path, argv: list[str], processes: int, spec_path: Path) -> str:
                 if failed or all(c == 0 for c in codes):
                     break
                 time.sleep(0.1)
+            if failed and failed[0] != 0:
+                # Ranks that stop together (over budget, say) fail within moments of each other:
+                # rank 0's own message is the run's, so it gets a moment to finish and say it,
+                # rather than a race deciding whose words the user reads (or reads twice).
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    procs[0].wait(timeout=RANK0_GRACE_S)
+                codes = [p.poll() for p in procs]
+                failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
         finally:
             for p in procs:
                 if p.poll() is None:  # the others would wait on a failed rank forever
