@@ -126,3 +126,29 @@ def test_a_live_writers_folder_is_left_alone(tmp_path):
     live.mkdir()
     remove_stale(out)
     assert live.is_dir()
+
+
+@pytest.mark.parametrize("rank0_after_s", [0.0, 0.5])
+def test_rank_0_speaks_for_ranks_that_fail_together(tmp_path, monkeypatch, capfd, rank0_after_s):
+    # Ranks over budget all stop at one update; whichever exits first, the user reads rank 0's
+    # message once, and the launcher's summary of another rank only when rank 0 stays silent.
+    from reprogate import distributed
+    from reprogate.errors import UserError
+
+    fake = tmp_path / "python"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'if [ "$RANK" = 0 ]; then sleep ' + str(rank0_after_s) + '; echo "over budget" >&2; exit 2; fi\n'
+        'echo "over budget" >&2; exit 2\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setattr(distributed.sys, "executable", str(fake))
+    with pytest.raises(SystemExit) as stopped:
+        distributed.launch(tmp_path, ["stage", "train", "m"], 2, tmp_path / "m.yaml")
+    assert stopped.value.code == 2 and capfd.readouterr().err.count("over budget") == 1
+    # A rank 0 that does not finish (blocked on the failed rank) is stopped, and the failed
+    # rank's last line is the error.
+    fake.write_text('#!/bin/sh\nif [ "$RANK" = 0 ]; then sleep 60; fi\necho "rank 1 broke" >&2; exit 3\n')
+    monkeypatch.setattr(distributed, "RANK0_GRACE_S", 0.5)
+    with pytest.raises(UserError, match=r"training process 1 of 2 failed \(exit 3\): rank 1 broke"):
+        distributed.launch(tmp_path, ["stage", "train", "m"], 2, tmp_path / "m.yaml")
