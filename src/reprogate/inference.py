@@ -48,7 +48,11 @@ class Policy:
 
     @classmethod
     def load(cls, path: Path) -> Policy:
-        c = read_json(path, damaged(path.parent))
+        return cls.from_calibration(read_json(path, damaged(path.parent)))
+
+    @classmethod
+    def from_calibration(cls, c: dict[str, Any]) -> Policy:
+        """From the contents of a calibration.json."""
         return cls(c["temperature"], c["policy"]["threshold"], c["policy"]["margin"])
 
 

@@ -32,7 +32,6 @@ from reprogate.specs import DataSpec, load_spec
 from reprogate.stages.features import prepared_file
 from reprogate.trainer import read_jsonl
 
-PREPARED = Path("data/prepared")
 BOOTSTRAP = 1000
 
 
@@ -75,7 +74,7 @@ def eval_sets(data: DataSpec) -> dict[str, str]:
 def run(root: Path, name: str) -> dict[str, Any]:
     scorer = Scorer(root, name)
     calibration = read_json(scorer.dir / "calibration.json", f"run `dvc repro calibrate@{name}` first.")
-    policy = Policy.load(scorer.dir / "calibration.json")
+    policy = Policy.from_calibration(calibration)
     data = load_spec(root / scorer.spec.data, DataSpec)
     labels, oos = scorer.labels, scorer.oos_index
     n_labels = len(data.labels)
@@ -91,7 +90,8 @@ def run(root: Path, name: str) -> dict[str, Any]:
     results: dict[str, Any] = {}
     per_intent: dict[str, Any] = {}
     for split, kind in eval_sets(data).items():
-        rows = read_jsonl(prepared_file(root, split))
+        source = prepared_file(root, split)
+        rows = read_jsonl(source)
         logits = scorer.split_logits(split)
         raw, cal = probabilities(logits), probabilities(logits, policy.temperature)
         act = act_mask(cal, policy, oos)
@@ -106,7 +106,7 @@ def run(root: Path, name: str) -> dict[str, Any]:
                 }
                 f.write(jsonl.line(obj))
         # The content hash lets the gate refuse to compare accuracies measured on different data.
-        set_hash = sha256_file(root / PREPARED / f"{split}.jsonl")
+        set_hash = sha256_file(source)
         if kind == "out_of_scope":
             results[split] = {
                 "kind": kind,
