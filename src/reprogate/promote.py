@@ -29,6 +29,16 @@ STAGE = "prod"
 RERUN = "run `dvc repro` (and `dvc checkout` for a damaged DVC output), commit, and promote again."
 
 
+def _subject(name: str, version: str) -> str:
+    """A promotion commit's subject line; `_promotes` recognises it."""
+    return f"promote {name} ({version}) to production"
+
+
+def _promotes(subject: str, name: str | None = None) -> bool:
+    """Whether a commit subject is `_subject`'s (for `name`, when given); a revert's is not."""
+    return subject.startswith(f"promote {name} (" if name else "promote ")
+
+
 def _git(root: Path, *args: str, check: bool = True) -> str:
     proc = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
     if check and proc.returncode != 0:
@@ -100,7 +110,7 @@ def plan(root: Path) -> dict[str, Any]:
         },
     }
     n = next_number(root, name)
-    lines = [f"promote {name} ({cand['model_version']}) to production", ""]
+    lines = [_subject(name, cand["model_version"]), ""]
     for r in cand["rules"]:
         if r["verdict"] == "n/a":
             lines.append(f"- {r['rule']}: n/a ({r.get('note', '')})")
@@ -205,7 +215,7 @@ def next_number(root: Path, name: str) -> int:
     tags = [t for t in _git(root, "tag", "--list", f"{name}#{STAGE}#*").splitlines() if t]
     tagged = max((int(t.rsplit("#", 1)[1]) for t in tags if t.rsplit("#", 1)[1].isdigit()), default=0)
     log = _git(root, "log", "--format=%s", "--", str(PRODUCTION), check=False)
-    committed = sum(line.startswith(f"promote {name} (") for line in log.splitlines())
+    committed = sum(_promotes(line, name) for line in log.splitlines())
     return 1 + max(tagged, committed)
 
 
@@ -226,7 +236,7 @@ def history(root: Path) -> str:
         kept = isinstance(version, str) and "@" in version and (root / PROMOTED / version).is_dir()
         lines.append(f"{commit} {date} {version or '(none)'}  {subject}" + ("  [files kept]" if kept else ""))
     tags = _git(root, "tag", "--list", f"*#{STAGE}#*", "--format=%(refname:short) -> %(*objectname:short)")
-    promotions = sum(line.split(" ", 2)[2].startswith("promote ") for line in log.splitlines())
+    promotions = sum(_promotes(line.split(" ", 2)[2]) for line in log.splitlines())
     untagged = promotions - len(tags.splitlines())
     note = (
         f"\n\n{untagged} promotion commit(s) above have no tag in this clone (tags are not fetched by "
