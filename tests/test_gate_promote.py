@@ -303,6 +303,49 @@ def test_damaged_evidence_is_a_recorded_failure_not_a_crash(tmp_path):
     assert "it has no heldout_accuracy" in rules["not_worse_than_production"]["note"]
 
 
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        (
+            lambda ev: ev["sets"]["test"].update(accuracy="0.95"),
+            "sets.test.accuracy: Input should be a valid",
+        ),
+        (lambda ev: ev["sets"]["oos_test"].pop("kind"), "sets.oos_test: Unable to extract tag"),
+        (lambda ev: ev["sets"]["test"].update(accuracy_ci95=None, accuracy=None), "sets.test.accuracy"),
+        (
+            lambda ev: ev["sets"]["oos_test"].pop("false_positive_action_rate"),
+            "sets.oos_test.false_positive_action_rate: missing",
+        ),
+        (lambda ev: ev.update(sets=[]), "sets: Input should be an object"),
+    ],
+)
+def test_evidence_with_the_wrong_fields_is_a_recorded_failure_not_a_crash(tmp_path, edit, said):
+    # Valid JSON, but not what evaluate writes (a hand edit, a file from another tool): the
+    # gate names the field and fails the candidate; it never raises a KeyError or TypeError.
+    (tmp_path / "gate.yaml").write_text("kind: gate\n")
+    (tmp_path / "metrics" / "m").mkdir(parents=True)
+    ev = _eval(0.95, 0.0)
+    edit(ev)
+    (tmp_path / "metrics" / "m" / "eval.json").write_text(json.dumps(ev))
+    (tmp_path / "metrics" / "m" / "resume.json").write_text(json.dumps({"passed": "yes"}))
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "production.json").write_text(json.dumps({"model": "a", "data_sha256": "abc"}))
+    r = gate.run(tmp_path, ["m"], tmp_path / "gate.yaml")
+    assert not r["passed"] and r["chosen"] is None
+    assert f"m: not evaluated (metrics/m/eval.json does not have the fields reprogate writes ({said}" in (
+        gate.summary(r)
+    )
+    rules = {x["rule"]: x for x in r["candidates"]["m"]["rules"]}
+    assert (
+        "resume.json does not have the fields reprogate writes (passed:"
+        in rules["resume_equivalence"]["note"]
+    )
+    assert (
+        "production.json does not have the fields reprogate writes (data_sha256:"
+        in (rules["not_worse_than_production"]["note"])
+    )
+
+
 def test_schema_out_must_be_a_folder(tmp_path):
     (tmp_path / "taken").write_text("x")
     proc = run_cli("schema", "--out", str(tmp_path / "taken"), cwd=tmp_path)

@@ -283,6 +283,11 @@ def test_production_is_served_only_from_the_promoted_files(tmp_path):
 DAMAGE = {
     "truncated weights": ("model.safetensors", lambda b: b[:100], "model.safetensors cannot be read"),
     "truncated calibration": ("calibration.json", lambda b: b[:50], "calibration.json is not valid JSON"),
+    "calibration without its policy": (
+        "calibration.json",
+        lambda b: b'{"temperature": 1.3}',
+        "calibration.json has no usable temperature and policy (KeyError: 'policy')",
+    ),
     "config cut short": ("config.json", lambda b: b"{", "config.json is not valid JSON"),
     "labels gone": ("labels.json", None, "labels.json does not exist"),
 }

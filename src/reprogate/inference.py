@@ -48,12 +48,18 @@ class Policy:
 
     @classmethod
     def load(cls, path: Path) -> Policy:
-        return cls.from_calibration(read_json(path, damaged(path.parent)))
+        return cls.from_calibration(read_json(path, damaged(path.parent)), path)
 
     @classmethod
-    def from_calibration(cls, c: dict[str, Any]) -> Policy:
-        """From the contents of a calibration.json."""
-        return cls(c["temperature"], c["policy"]["threshold"], c["policy"]["margin"])
+    def from_calibration(cls, c: Any, path: Path) -> Policy:
+        """From the contents of the calibration.json at `path` (named when they are unusable)."""
+        try:
+            return cls(float(c["temperature"]), float(c["policy"]["threshold"]), float(c["policy"]["margin"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise UserError(
+                f"{path} has no usable temperature and policy ({type(e).__name__}: {e}); "
+                + damaged(path.parent)
+            ) from None
 
 
 class Scorer:

@@ -73,8 +73,9 @@ def eval_sets(data: DataSpec) -> dict[str, str]:
 
 def run(root: Path, name: str) -> dict[str, Any]:
     scorer = Scorer(root, name)
-    calibration = read_json(scorer.dir / "calibration.json", f"run `dvc repro calibrate@{name}` first.")
-    policy = Policy.from_calibration(calibration)
+    calibration_path = scorer.dir / "calibration.json"
+    calibration = read_json(calibration_path, f"run `dvc repro calibrate@{name}` first.")
+    policy = Policy.from_calibration(calibration, calibration_path)
     data = load_spec(root / scorer.spec.data, DataSpec)
     labels, oos = scorer.labels, scorer.oos_index
     n_labels = len(data.labels)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reprogate.pipeline import PRODUCTION, RESTORE_PRODUCTION
 from reprogate.specs import GateSpec, ModelSpec, load_spec
@@ -35,20 +37,70 @@ def _na(name: str, note: str) -> dict[str, Any]:
     return {"rule": name, "value": None, "op": None, "threshold": None, "verdict": "n/a", "note": note}
 
 
-def _read(path: Path) -> dict[str, Any] | None:
-    """A JSON file of evidence; None when absent. A damaged one (truncated, a merge conflict)
-    comes back as {"unreadable": why}: the gate records it as missing evidence, never crashes."""
+# The fields of the evidence the gate reads, with their types: a file that parses but has the
+# wrong shape (a hand edit, a file from another tool) is recorded as unreadable, never a crash.
+# A metric that is merely absent stays a failed rule ("metric missing") of its own.
+class _Evidence(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class _Labelled(_Evidence):
+    kind: Literal["labelled"]
+    accuracy: float
+    accuracy_ci95: tuple[float, float] | None = None
+    ece_after: float | None = None
+    wrong_action_rate: float | None = None
+    coverage: float | None = None
+    data_sha256: str | None = None
+
+
+class _OutOfScope(_Evidence):
+    kind: Literal["out_of_scope"]
+    false_positive_action_rate: float
+
+
+class _Evaluation(_Evidence):
+    model_version: str | None = None
+    sets: dict[str, Annotated[_Labelled | _OutOfScope, Field(discriminator="kind")]] = {}
+
+
+class _Resume(_Evidence):
+    passed: bool | None = None
+
+
+class _Production(_Evidence):
+    model: str | None = None
+    model_version: str | None = None
+    heldout_accuracy: float | None = None
+    data_sha256: dict[str, str] = {}
+
+
+def _read(path: Path, shape: type[_Evidence]) -> dict[str, Any] | None:
+    """A JSON file of evidence; None when absent. A damaged one (truncated, a merge conflict,
+    a field of the wrong type) comes back as {"unreadable": why}: the gate records it as
+    missing evidence, never crashes."""
     if not path.is_file():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        text = path.read_text(encoding="utf-8")
+        shape.model_validate_json(text)
+    except UnicodeDecodeError as e:
         return {"unreadable": f"{path.name} is not valid JSON ({e})"}
-    return data if isinstance(data, dict) else {"unreadable": f"{path.name} is not a JSON object"}
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        if first["type"] == "json_invalid":
+            return {"unreadable": f"{path.name} is not valid JSON ({first['ctx']['error']})"}
+        if first["type"] == "model_type":
+            return {"unreadable": f"{path.name} is not a JSON object"}
+        # Drop the tags pydantic adds for the set kinds: the user sees sets.test.accuracy.
+        field = ".".join(str(p) for p in first["loc"] if p not in ("labelled", "out_of_scope"))
+        found = "missing" if first["type"] == "missing" else f"{first['msg']}, found {first['input']!r:.60}"
+        return {"unreadable": f"{path.name} does not have the fields reprogate writes ({field}: {found})"}
+    return json.loads(text)
 
 
 def production(root: Path) -> dict[str, Any] | None:
-    prod = _read(root / PRODUCTION)
+    prod = _read(root / PRODUCTION, _Production)
     return prod if prod and (prod.get("model") or "unreadable" in prod) else None
 
 
@@ -127,7 +179,7 @@ def judge(name: str, ev: dict | None, resume: dict | None, gate: GateSpec, prod:
             )
         )
     else:
-        hi = test.get("accuracy_ci95", [None, None])[1]
+        hi = (test.get("accuracy_ci95") or [None, None])[1]
         rule = _rule(
             "not_worse_than_production",
             hi,
@@ -155,8 +207,8 @@ def resume_evidence(root: Path, name: str) -> dict[str, Any] | None:
     spec_path = root / "specs" / "models" / f"{name}.yaml"
     spec = load_spec(spec_path, ModelSpec) if spec_path.is_file() else None
     if spec is None or spec.family != "ensemble":
-        return _read(root / "metrics" / name / "resume.json")
-    members = {m: _read(root / "metrics" / m / "resume.json") for m in spec.ensemble.members}
+        return _read(root / "metrics" / name / "resume.json", _Resume)
+    members = {m: _read(root / "metrics" / m / "resume.json", _Resume) for m in spec.ensemble.members}
     return {"passed": all(r is not None and r.get("passed") for r in members.values()), "members": members}
 
 
@@ -165,7 +217,7 @@ def run(root: Path, models: list[str], gate_path: Path) -> dict[str, Any]:
     prod = production(root)
     candidates = {}
     for name in models:
-        ev = _read(root / "metrics" / name / "eval.json")
+        ev = _read(root / "metrics" / name / "eval.json", _Evaluation)
         unreadable = (ev or {}).get("unreadable")
         ev = None if unreadable else ev
         rules = judge(name, ev, resume_evidence(root, name), gate, prod)
