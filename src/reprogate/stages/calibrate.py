@@ -133,7 +133,8 @@ def summary(name: str, r: dict[str, Any]) -> str:
     c = r["on_calibration_data"]
     line = (
         f"calibrate: {name}: temperature {r['temperature']:.3f}, ECE {c['ece_before']:.4f} -> "
-        f"{c['ece_after']:.4f}; act when p >= {r['policy']['threshold']:.3f} and margin >= "
-        f"{r['policy']['margin']:.2f} (coverage {c['coverage']:.3f} on calibration data)"
+        # .6g: a threshold of 0.99986 printed as 1.000 would read as "never acts".
+        f"{c['ece_after']:.4f}; act when p >= {r['policy']['threshold']:.6g} and margin >= "
+        f"{r['policy']['margin']:.6g} (coverage {c['coverage']:.3f} on calibration data)"
     )
     return "; ".join([line, *r.get("warnings", [])])
