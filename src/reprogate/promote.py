@@ -203,7 +203,8 @@ def promote(root: Path, dry_run: bool = False) -> str:
     return (
         f"promote: {record['model']} is in production (commit {commit}, tag {p['tag']}); its files "
         f"are kept in {PROMOTED / record['model_version']}. The gate compares candidates with "
-        "production, so `dvc repro` reruns it against this one (commit its metrics/gate.json)."
+        "production, so `dvc repro` reruns it against this one (commit its metrics/gate.json). "
+        "`git push --follow-tags` publishes the commit with its tag (a plain push leaves the tag behind)."
     )
 
 
