@@ -142,7 +142,7 @@ def _predictions(folder: Path) -> dict[tuple[str, str], tuple[str, str, float]]:
     for f in sorted(folder.glob("*.jsonl")):
         for line in f.read_text(encoding="utf-8").splitlines():
             p = json.loads(line)
-            out[(f.stem, p["id"])] = (p["intent"], p["route"], p["probability"])
+            out[(f.stem, p["id"])] = (p["predicted"], p["route"], p["probability"])
     return out
 
 

@@ -446,17 +446,20 @@ def test_pipeline_writes_predictions_and_a_passing_gate(home):
     assert [r["gold"] for r in real] == ["lights_on", "lights_off", "set_timer", "play_music", "weather"]
     lines = [json.loads(x) for x in (home / "predictions/tiny/test.jsonl").read_text().splitlines()]
     assert len(lines) == ev["sets"]["test"]["n"]
-    assert set(lines[0]) >= {
+    assert list(lines[0])[:8] == [
         "id",
         "text",
         "gold",
-        "intent",
+        "predicted",
         "probability",
         "alternatives",
         "route",
         "reasons",
-    }
+    ]
     assert len(lines[0]["alternatives"]) == 3
+    # The file is the evidence behind eval.json: its accuracy is the file's gold == predicted.
+    right = sum(x["gold"] == x["predicted"] for x in lines) / len(lines)
+    assert right == pytest.approx(ev["sets"]["test"]["accuracy"])
     g = json.loads((home / "metrics/gate.json").read_text())
     assert g["passed"] and g["chosen"] in ("tiny", "tiny2", "duo"), g["reasons"]
     assert set(g["candidates"]) == {"tiny", "tiny2", "duo"}

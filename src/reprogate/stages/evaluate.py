@@ -1,8 +1,9 @@
 """Stage `evaluate@m`: predictions and metrics on every evaluation set of the data spec.
 
 Sets: validation, the held-out test, and every eval set marked `use: evaluate` (CLINC150
-oos_test, real utterances). Writes predictions/<m>/<set>.jsonl (one Prediction per item,
-with id, text and gold), metrics/<m>/eval.json, metrics/<m>/per_intent.json and plot data
+oos_test, real utterances). Writes predictions/<m>/<set>.jsonl (per item: id, text, gold,
+predicted, then the rest of the Prediction object: probability, alternatives, route, reasons,
+model version), metrics/<m>/eval.json, metrics/<m>/per_intent.json and plot data
 under plots/<m>/ (confusion matrix, reliability diagram, coverage-accuracy curve).
 """
 
@@ -98,11 +99,15 @@ def run(root: Path, name: str) -> dict[str, Any]:
         act = act_mask(cal, policy, oos)
         with open(pred_dir / f"{split}.jsonl", "w", encoding="utf-8") as f:
             for r, p in zip(rows, cal, strict=True):
+                said = prediction(p, labels, policy, oos)
+                # DESIGN's name in prediction files is `predicted`, beside `gold`; a Prediction
+                # object from predict or serve calls the same answer `intent`.
                 obj = {
                     "id": r["id"],
                     "text": r["text"],
                     "gold": r["label"],
-                    **prediction(p, labels, policy, oos),
+                    "predicted": said.pop("intent"),
+                    **said,
                     "model_version": version,
                 }
                 f.write(jsonl.line(obj))
