@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: venv repro test lint lock bench bench-pipeline clean
+.PHONY: venv repro test lint lock bench bench-pipeline bench-learning-curve clean
 
 # Rebuilt whenever the lock or the project metadata changes.
 $(VENV)/.installed: requirements.lock pyproject.toml
@@ -44,6 +44,10 @@ bench: venv
 # The default pipeline from nothing to gate in a fresh clone of HEAD, against the issue's targets.
 bench-pipeline: venv
 	python bench/pipeline_bench.py
+
+# Would more training data help? 10-fold learning curve over every labelled query but test.
+bench-learning-curve: venv
+	python bench/learning_curve.py
 
 lock: venv
 	{ head -3 requirements.lock; python -m pip freeze --exclude-editable | sed 's/^torch==\(.*\)+cpu$$/torch==\1/'; } > requirements.lock.new
