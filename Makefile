@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: venv repro test lint lock bench bench-pipeline bench-learning-curve clean
+.PHONY: venv repro test lint lock bench bench-pipeline bench-learning-curve bench-neighbours clean
 
 # Rebuilt whenever the lock or the project metadata changes.
 $(VENV)/.installed: requirements.lock pyproject.toml
@@ -48,6 +48,10 @@ bench-pipeline: venv
 # Would more training data help? 10-fold learning curve over every labelled query but test.
 bench-learning-curve: venv
 	python bench/learning_curve.py
+
+# Is a nearest-neighbour vote worth adding to the ensemble? The same folds, k and temperature.
+bench-neighbours: venv
+	python bench/neighbours_cv.py
 
 lock: venv
 	{ head -3 requirements.lock; python -m pip freeze --exclude-editable | sed 's/^torch==\(.*\)+cpu$$/torch==\1/'; } > requirements.lock.new

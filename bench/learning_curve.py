@@ -46,7 +46,21 @@ def folds(y: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return out
 
 
-def held_out_log_probs(name: str, seed: int) -> tuple[np.ndarray, dict[float, np.ndarray]]:
+def plan(y: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's fold, and the order rows join a training set in: a smaller training set is a
+    prefix of a larger one (of the rows outside the held-out fold)."""
+    rng = np.random.default_rng(seed)
+    fold = folds(y, rng)
+    return fold, rng.permutation(len(y))
+
+
+def training_rows(fold: np.ndarray, order: np.ndarray, k: int, size: float) -> np.ndarray:
+    return order[fold[order] != k][: round(size * len(fold))]
+
+
+def held_out_log_probs(
+    name: str, seed: int, sizes: tuple[float, ...] = SIZES
+) -> tuple[np.ndarray, dict[float, np.ndarray]]:
     """Gold labels of the pool, and per size the log-probabilities each row got from the model
     trained without its fold."""
     setup = train.Setup(ROOT, train.Paths.for_model(ROOT, name))
@@ -63,16 +77,13 @@ def held_out_log_probs(name: str, seed: int) -> tuple[np.ndarray, dict[float, np
     def take(idx):
         return feats[torch.as_tensor(idx)] if torch.is_tensor(feats) else [feats[i] for i in idx]
 
-    rng = np.random.default_rng(seed)
-    fold = folds(y, rng)
-    order = rng.permutation(len(y))  # a smaller training set is a prefix of a larger one
-    out = {s: np.zeros((len(y), len(labels)), np.float32) for s in SIZES}
+    fold, order = plan(y, seed)
+    out = {s: np.zeros((len(y), len(labels)), np.float32) for s in sizes}
     start = time.perf_counter()
     for k in range(FOLDS):
-        others = order[fold[order] != k]
         held = np.flatnonzero(fold == k)
-        for s in SIZES:
-            chosen = others[: round(s * len(y))]
+        for s in sizes:
+            chosen = training_rows(fold, order, k, s)
             examples = [Example(rows[i]["text"], int(y[i])) for i in chosen]
             setup.feats = take(chosen)
             if negatives is not None:
