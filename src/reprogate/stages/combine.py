@@ -21,10 +21,8 @@ from reprogate.inference import damaged, separable
 from reprogate.models.ensemble import MEMORY, EnsembleCombiner, EnsembleFeaturizer, Neighbours
 from reprogate.specs import OOS_LABEL, ModelSpec, load_spec, spec_hash
 from reprogate.stages.calibrate import gold_indices
-from reprogate.stages.features import splits, write
+from reprogate.stages.features import prepared_file, splits, write
 from reprogate.trainer import read_jsonl
-
-PREPARED = Path("data/prepared")
 
 
 def fit_weights(logp: torch.Tensor, gold: torch.Tensor, k: int) -> tuple[EnsembleCombiner, bool]:
@@ -55,7 +53,7 @@ def neighbours_memory(root: Path, feat: EnsembleFeaturizer, labels: list[str]) -
     the negatives (as out of scope) when the members have an out-of-scope class. Never the
     calibration partition, on which the vote's weight is fitted."""
     embeddings = feat.member_split("train")
-    gold = torch.from_numpy(gold_indices(read_jsonl(root / PREPARED / "train.jsonl"), labels))
+    gold = torch.from_numpy(gold_indices(read_jsonl(prepared_file(root, "train")), labels))
     if OOS_LABEL in labels:
         negatives = feat.member_split("negatives")
         embeddings = torch.cat([embeddings, negatives])
@@ -91,12 +89,12 @@ def run(root: Path, name: str) -> dict[str, Any]:
 
     write(root, name, feat, splits(root, spec), score)
 
-    gold = torch.from_numpy(gold_indices(read_jsonl(root / PREPARED / "calibration.jsonl"), labels[0]))
+    gold = torch.from_numpy(gold_indices(read_jsonl(prepared_file(root, "calibration")), labels[0]))
     parts = feat.parts()
     model, fitted = fit_weights(cached["calibration"], gold, len(parts))
     with torch.no_grad():
         nll = float(torch.nn.functional.cross_entropy(model(cached["calibration"]), gold))
-        vgold = gold_indices(read_jsonl(root / PREPARED / "validation.jsonl"), labels[0])
+        vgold = gold_indices(read_jsonl(prepared_file(root, "validation")), labels[0])
         val_acc = float((model(cached["validation"]).argmax(-1).numpy() == vgold).mean())
         member_acc = {
             m: float((cached["validation"][:, i].argmax(-1).numpy() == vgold).mean())
