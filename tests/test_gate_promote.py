@@ -654,3 +654,22 @@ def test_ensemble_weights_are_fitted_only_where_the_calibration_data_can_weigh_t
     model, fitted = combine.fit_weights(torch.stack([sharp, noisy], 1).float(), gold, 2)
     w = model.weights().detach()
     assert fitted and w[0] > w[1]
+
+
+def test_a_model_spec_edited_into_an_invalid_one_is_a_recorded_failure(tmp_path):
+    # An ensemble's spec read for its members' resume evidence, broken after its stages ran: the
+    # gate still writes its decision, fails that candidate with the spec's own error, and judges
+    # the others.
+    (tmp_path / "gate.yaml").write_text("kind: gate\n")
+    (tmp_path / "specs" / "models").mkdir(parents=True)
+    (tmp_path / "specs" / "models" / "broken.yaml").write_text("kind: model\nfamily: ensemble\nepochs: -1\n")
+    for name in ("broken", "fine"):
+        (tmp_path / "metrics" / name).mkdir(parents=True)
+        (tmp_path / "metrics" / name / "eval.json").write_text(json.dumps(_eval(0.95, fp=0.0)))
+    (tmp_path / "metrics" / "fine" / "resume.json").write_text(json.dumps({"passed": True}))
+    r = gate.run(tmp_path, ["broken", "fine"], tmp_path / "gate.yaml")
+    assert r["chosen"] == "fine" and json.loads((tmp_path / "metrics" / "gate.json").read_text()) == r
+    rule = next(x for x in r["candidates"]["broken"]["rules"] if x["rule"] == "resume_equivalence")
+    assert rule["verdict"] == "fail"
+    assert rule["note"].startswith("specs/models/broken.yaml no longer validates")
+    assert "broken.yaml" in rule["note"].split("validates", 1)[1]

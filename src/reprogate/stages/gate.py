@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from reprogate.errors import UserError
 from reprogate.pipeline import PRODUCTION, RESTORE_PRODUCTION
 from reprogate.specs import GateSpec, ModelSpec, load_spec
 
@@ -205,7 +206,13 @@ def judge(name: str, ev: dict | None, resume: dict | None, gate: GateSpec, prod:
 def resume_evidence(root: Path, name: str) -> dict[str, Any] | None:
     """resume.json of a trained model; for an ensemble, every member's must have passed."""
     spec_path = root / "specs" / "models" / f"{name}.yaml"
-    spec = load_spec(spec_path, ModelSpec) if spec_path.is_file() else None
+    try:
+        spec = load_spec(spec_path, ModelSpec) if spec_path.is_file() else None
+    except UserError as e:
+        # Edited since its stages ran: which members' evidence counts is unknown, so the rule
+        # fails and says why, and the other candidates are still judged.
+        why = f"specs/models/{name}.yaml no longer validates, so its resume evidence cannot be found: {e}"
+        return {"unreadable": why}
     if spec is None or spec.family != "ensemble":
         return _read(root / "metrics" / name / "resume.json", _Resume)
     members = {m: _read(root / "metrics" / m / "resume.json", _Resume) for m in spec.ensemble.members}

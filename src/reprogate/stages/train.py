@@ -407,9 +407,10 @@ def summary(name: str, m: dict[str, Any]) -> str:
 def validation_accuracy(setup: Setup, trainer) -> float:
     import torch
 
+    from reprogate.stages.features import prepared_file
     from reprogate.trainer import read_jsonl
 
-    rows = read_jsonl(setup.root / PREPARED / "validation.jsonl")
+    rows = read_jsonl(prepared_file(setup.root, "validation"))
     index = {lbl: i for i, lbl in enumerate(setup.data.labels)}
     feats = setup.split("validation")
     gold = torch.tensor([index[r["label"]] for r in rows])
