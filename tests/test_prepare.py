@@ -341,17 +341,27 @@ def http_folder(tmp_path, monkeypatch):
         monkeypatch.setenv(var, "127.0.0.1")
     site = tmp_path / "site"
     site.mkdir()
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
-    handler.log_message = lambda *a: None  # type: ignore[attr-defined]
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    seen: list[tuple[str, str | None]] = []  # (path, Authorization header) of each request
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self):
+            seen.append((self.path, self.headers.get("Authorization")))
+            super().do_GET()
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Handler, directory=str(site))
+    )
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield site, f"http://127.0.0.1:{server.server_address[1]}"
+    yield site, f"http://127.0.0.1:{server.server_address[1]}", seen
     server.shutdown()
     server.server_close()
 
 
 def test_a_pinned_url_is_downloaded_verified_and_cached(tmp_path, http_folder):
-    site, base = http_folder
+    site, base, seen = http_folder
     revision = "0123456789abcdef0123456789abcdef01234567"
     spec_path = _own_dataset(tmp_path, HOME, ["lights_on", "lights_off", "set_timer"])
     (site / revision).mkdir()
@@ -378,3 +388,37 @@ def test_a_pinned_url_is_downloaded_verified_and_cached(tmp_path, http_folder):
     assert f"{base}/{revision}/commands.csv" in msg
     assert not cached.exists() and not list(cached.parent.glob("*.part"))
     assert not (tmp_path / "data" / "prepared").exists()
+
+
+def test_a_hub_dataset_is_fetched_from_hf_endpoint_with_hf_token(tmp_path, http_folder, monkeypatch):
+    # The variables huggingface_hub reads: HF_ENDPOINT (a mirror of the hub, here a real local
+    # server laid out like it) and HF_TOKEN (gated or private datasets), sent only to the hub.
+    site, base, seen = http_folder
+    monkeypatch.setenv("HF_ENDPOINT", base + "/")
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    revision = "89abcdef0123456789abcdef0123456789abcdef"
+    spec_path = _own_dataset(tmp_path, HOME, ["lights_on", "lights_off", "set_timer"])
+    served = site / "datasets" / "me" / "home-commands" / "resolve" / revision / "data"
+    served.mkdir(parents=True)
+    shutil.copy(tmp_path / "raw" / "commands.csv", served / "my commands.csv")
+    spec = yaml.safe_load(spec_path.read_text())
+    sha = spec["origins"]["mine"]["files"].pop("commands.csv")
+    spec["origins"]["mine"] = {
+        "source": {"kind": "hf", "repo": "me/home-commands", "revision": revision},
+        "files": {"data/my commands.csv": sha},
+    }
+    for part in ("train", "test"):
+        spec[part]["file"] = "data/my commands.csv"
+    spec_path.write_text(yaml.safe_dump(spec))
+
+    prepare(spec_path, tmp_path)
+    cached = tmp_path / "data" / "raw" / "mine" / revision / "data" / "my commands.csv"
+    assert cached.read_bytes() == (tmp_path / "raw" / "commands.csv").read_bytes()
+    path = f"/datasets/me/home-commands/resolve/{revision}/data/my%20commands.csv"
+    assert seen == [(path, "Bearer hf_secret")]
+    # A repo id that is not owner/name (here a stray space) is a spec error before any request.
+    spec["origins"]["mine"]["source"]["repo"] = "me/home commands"
+    spec_path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(UserError, match=r"field 'origins\.mine\.source\.repo': value 'me/home commands'"):
+        prepare(spec_path, tmp_path)
+    assert len(seen) == 1

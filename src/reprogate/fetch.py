@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -52,13 +53,14 @@ def _searched(mirrors: list[Path]) -> str:
     return "searched " + ", ".join(f"{m}{'' if m.is_dir() else ' (does not exist)'}" for m in mirrors)
 
 
-def _download(url: str, dest: Path, sha: str, mirrors: list[Path]) -> str:
+def _download(url: str, dest: Path, sha: str, mirrors: list[Path], headers: dict[str, str]) -> str:
     """Download to `dest` and return the sha256 of what came; a file that does not match `sha`
     is deleted instead of landing in the cache."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + ".part")
     try:
-        with urllib.request.urlopen(url, timeout=60) as r, open(tmp, "wb") as f:
+        request = urllib.request.Request(url, headers=headers)
+        with urllib.request.urlopen(request, timeout=60) as r, open(tmp, "wb") as f:
             while block := r.read(1 << 20):
                 f.write(block)
     except (urllib.error.URLError, OSError) as e:
@@ -98,7 +100,7 @@ def fetch_origin(name: str, origin: Origin, spec_path: Path, root: Path) -> dict
             path = root / "data" / "raw" / name / src.revision / fname
             if not (path.is_file() and sha256_file(path) == sha):
                 url = _url(src, fname)
-                if (actual := _download(url, path, sha, mirrors)) != sha:
+                if (actual := _download(url, path, sha, mirrors, _headers(src))) != sha:
                     raise _mismatch(spec_path, name, fname, url, sha, actual)
         out[fname] = path
     return out
@@ -115,4 +117,12 @@ def _mismatch(spec_path: Path, name: str, fname: str, where: str, sha: str, actu
 def _url(src: UrlSource | HfSource, fname: str) -> str:
     if isinstance(src, UrlSource):
         return src.url.format(revision=src.revision, file=fname)
-    return f"https://huggingface.co/datasets/{src.repo}/resolve/{src.revision}/{fname}"
+    # The variables huggingface_hub itself reads: a mirror endpoint, and a token for gated or
+    # private datasets. Either way the file must still match its pinned sha256.
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    return f"{endpoint}/datasets/{src.repo}/resolve/{src.revision}/{urllib.parse.quote(fname)}"
+
+
+def _headers(src: UrlSource | HfSource) -> dict[str, str]:
+    token = os.environ.get("HF_TOKEN") if isinstance(src, HfSource) else None
+    return {"Authorization": f"Bearer {token}"} if token else {}

@@ -77,7 +77,10 @@ class UrlSource(Strict):
 
 class HfSource(Strict):
     kind: Literal["hf"]
-    repo: str = Field(description="Hugging Face hub dataset repo, e.g. PolyAI/banking77.")
+    repo: str = Field(
+        pattern=r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$",
+        description="Hugging Face hub dataset repo as owner/name, e.g. PolyAI/banking77.",
+    )
     revision: Commit
 
 
