@@ -14,6 +14,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from reprogate.errors import UserError
 from reprogate.inference import (
     TEMPERATURE_RANGE,
     Policy,
@@ -673,3 +674,43 @@ def test_a_model_spec_edited_into_an_invalid_one_is_a_recorded_failure(tmp_path)
     assert rule["verdict"] == "fail"
     assert rule["note"].startswith("specs/models/broken.yaml no longer validates")
     assert "broken.yaml" in rule["note"].split("validates", 1)[1]
+
+
+@pytest.mark.parametrize(
+    ("record", "said"),
+    [
+        ('{"passed": true', "gate.json is not valid JSON"),
+        (
+            '{"passed": true, "chosen": "m"}',
+            "gate.json does not have the fields reprogate writes (reasons: missing",
+        ),
+        (
+            '{"passed": "yes", "chosen": "m", "reasons": [], "candidates": {}}',
+            "(passed: Input should be a valid boolean, found 'yes'",
+        ),
+        ('{"passed": true, "chosen": "m", "reasons": [], "candidates": {}}', "chose 'm', which is not among"),
+    ],
+)
+def test_promote_refuses_a_gate_record_the_gate_did_not_write(tmp_path, record, said):
+    # A hand edit or a merge of metrics/gate.json: one paragraph naming the file and the fix,
+    # never a KeyError, and nothing is written.
+    from reprogate import promote
+
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics" / "gate.json").write_text(record)
+    with pytest.raises(UserError) as err:
+        promote.plan(tmp_path)
+    assert str(tmp_path / "metrics" / "gate.json") in str(err.value) and said in str(err.value)
+    assert "run `dvc repro`" in str(err.value)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["gate.json", "metrics"]
+
+
+def test_the_gate_record_is_what_promote_reads(tmp_path):
+    # The shape promote checks is the one the gate writes: a real decision passes it.
+    for name, ev in {"sharp": _eval(0.95, fp=0.05), "safe": _eval(0.92, fp=0.004)}.items():
+        (tmp_path / "metrics" / name).mkdir(parents=True)
+        (tmp_path / "metrics" / name / "eval.json").write_text(json.dumps(ev))
+        (tmp_path / "metrics" / name / "resume.json").write_text(json.dumps({"passed": True}))
+    (tmp_path / "gate.yaml").write_text("kind: gate\n")
+    r = gate.run(tmp_path, ["sharp", "safe"], tmp_path / "gate.yaml")
+    assert gate.read_decision(tmp_path, "fix") == r

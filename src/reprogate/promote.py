@@ -23,6 +23,7 @@ from reprogate.errors import UserError, read_json
 from reprogate.hashing import sha256_file
 from reprogate.pipeline import PRODUCTION, PROMOTED, RESTORE_PRODUCTION
 from reprogate.specs import load_params, load_spec, spec_hash
+from reprogate.stages.gate import read_decision
 
 STAGE = "prod"
 # What every file promote reads comes from: the pipeline's outputs.
@@ -58,10 +59,7 @@ def _dvc_status(root: Path) -> dict:
 
 def plan(root: Path) -> dict[str, Any]:
     """Everything promote would write, after every refusal check."""
-    gate_path = root / "metrics" / "gate.json"
-    if not gate_path.is_file():
-        raise UserError(f"{gate_path} does not exist: run `dvc repro` (the gate stage) first.")
-    gate = read_json(gate_path, RERUN)
+    gate = read_decision(root, RERUN)
     if not gate["passed"]:
         raise UserError(
             "promotion refused: the gate did not pass for this workspace: "

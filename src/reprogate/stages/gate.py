@@ -76,6 +76,47 @@ class _Production(_Evidence):
     data_sha256: dict[str, str] = {}
 
 
+class _Rule(_Evidence):
+    rule: str
+    verdict: Literal["pass", "fail", "n/a"]
+
+
+class _Candidate(_Evidence):
+    passed: bool
+    heldout_accuracy: float | None
+    model_version: str | None
+    rules: list[_Rule]
+
+
+class Decision(_Evidence):
+    """What `run` writes to metrics/gate.json, as promote reads it."""
+
+    passed: bool
+    chosen: str | None
+    reasons: list[str]
+    candidates: dict[str, _Candidate]
+
+
+def read_decision(root: Path, fix: str) -> dict[str, Any]:
+    """metrics/gate.json, or one paragraph naming the file, what is wrong with it and `fix`."""
+    path = root / "metrics" / "gate.json"
+    if not path.is_file():
+        raise UserError(f"{path} does not exist: run `dvc repro` (the gate stage) first.")
+    decision = _read(path, Decision)
+    assert decision is not None
+    if (
+        "unreadable" not in decision
+        and decision["passed"]
+        and decision["chosen"] not in decision["candidates"]
+    ):
+        decision = {
+            "unreadable": f"gate.json chose {decision['chosen']!r}, which is not among its candidates"
+        }
+    if "unreadable" in decision:
+        raise UserError(f"{path}: {decision['unreadable']}; it is not the gate's record as written. {fix}")
+    return decision
+
+
 def _read(path: Path, shape: type[_Evidence]) -> dict[str, Any] | None:
     """A JSON file of evidence; None when absent. A damaged one (truncated, a merge conflict,
     a field of the wrong type) comes back as {"unreadable": why}: the gate records it as
