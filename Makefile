@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: venv repro test lint lock bench bench-pipeline bench-learning-curve bench-neighbours clean
+.PHONY: venv repro test lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy clean
 
 # Rebuilt whenever the lock or the project metadata changes.
 $(VENV)/.installed: requirements.lock pyproject.toml
@@ -52,6 +52,11 @@ bench-learning-curve: venv
 # Is a nearest-neighbour vote worth adding to the ensemble? The same folds, k and temperature.
 bench-neighbours: venv
 	python bench/neighbours_cv.py
+
+# How often does a policy fitted on one calibration-sized fold break the wrong-action limit on
+# the others, per policy_fit.confidence? The same folds; never the test set.
+bench-policy: venv
+	python bench/policy_cv.py
 
 lock: venv
 	{ head -3 requirements.lock; python -m pip freeze --exclude-editable | sed 's/^torch==\(.*\)+cpu$$/torch==\1/'; } > requirements.lock.new
