@@ -228,7 +228,8 @@ def test_promotion_hot_reloads_without_dropping_requests(project):
 def test_a_broken_promotion_keeps_the_old_model(project):
     app = create_app(project, watch_interval=3600)
     with TestClient(app) as c:
-        (project / "models" / "production.json").write_text(json.dumps({"model": "missing_model"}))
+        record = {"model": "missing_model", "model_version": "missing_model@0123456789ab"}
+        (project / "models" / "production.json").write_text(json.dumps(record))
         try:
             assert app.state.holder.check() is False  # what the watcher thread runs
             health = c.get("/healthz").json()
@@ -318,6 +319,32 @@ def test_a_production_record_left_in_a_merge_conflict_says_how_to_restore_it(pro
         proc = run_cli("predict", "play some jazz", cwd=project)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
         assert "production.json is not valid JSON" in proc.stderr
+        assert "git checkout HEAD -- models/production.json" in proc.stderr
+    finally:
+        record.write_bytes(good)
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        ({"model": 5}, "field 'model': Input should be a valid string, found 5"),
+        ({"model_version": None}, "field 'model_version': Input should be a valid string"),
+        (
+            {"calibration": {"temperature": "1.0"}},
+            "field 'calibration.temperature': Input should be a valid number",
+        ),
+    ],
+)
+def test_a_hand_edited_production_record_is_named_not_a_traceback(project, edit, said):
+    from tests.conftest import run_cli
+
+    record = project / "models" / "production.json"
+    good = record.read_bytes()
+    try:
+        record.write_text(json.dumps(json.loads(good) | edit))
+        proc = run_cli("predict", "play some jazz", cwd=project)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert f"{record}: {said}" in proc.stderr
         assert "git checkout HEAD -- models/production.json" in proc.stderr
     finally:
         record.write_bytes(good)

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from pydantic import BaseModel, ConfigDict, ValidationError
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
@@ -433,6 +434,35 @@ def production_files(root: Path, record: dict[str, Any]) -> tuple[Path, Path]:
     return root / "models" / name, root / "models"
 
 
+class _PinnedPolicy(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+    temperature: float
+    threshold: float
+    margin: float
+
+
+class _ServedRecord(BaseModel):
+    """The fields of models/production.json that predict and serve read, with their types."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    model: str
+    model_version: str
+    calibration: _PinnedPolicy | None = None
+
+
+def _check_record(record: dict[str, Any], path: Path) -> None:
+    try:
+        _ServedRecord.model_validate(record)
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        field = ".".join(str(p) for p in first["loc"])
+        found = "missing" if first["type"] == "missing" else f"{first['msg']}, found {first['input']!r:.60}"
+        raise UserError(
+            f"{path}: field '{field}': {found}; it is not the record `reprogate promote` wrote. "
+            f"{RESTORE_PRODUCTION[0].upper()}{RESTORE_PRODUCTION[1:]}."
+        ) from None
+
+
 def load_servable(root: Path, model_dir: Path | None = None, device: str = "auto") -> Loaded:
     """The production model (or `model_dir`) with its calibration, loaded on `device` and
     warmed up. Used by `reprogate predict` and `reprogate serve`."""
@@ -448,6 +478,7 @@ def load_servable(root: Path, model_dir: Path | None = None, device: str = "auto
                 f"{root / PRODUCTION}: no model in production yet; run `reprogate promote` after a "
                 "passing gate, or pass --model models/NAME."
             )
+        _check_record(record, root / PRODUCTION)
         model_dir, members_dir = production_files(root, record)
     else:
         members_dir = model_dir.parent
