@@ -292,7 +292,7 @@ def test_mirror_is_found_by_name_and_hash(tmp_path, mirror, monkeypatch):
 
 def test_offline_without_mirror_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("REPROGATE_MIRROR", str(tmp_path))  # an empty mirror
-    monkeypatch.setattr("urllib.request.urlopen", _no_network)
+    monkeypatch.setattr("urllib.request.OpenerDirector.open", _no_network)
     with pytest.raises(UserError, match="could not download https://raw.githubusercontent.com/PolyAI-LDN"):
         prepare(BANKING, REPO, tmp_path / "p", tmp_path / "d.json")
     assert not (tmp_path / "p").exists()
@@ -302,7 +302,7 @@ def test_a_mirror_that_is_not_there_is_named_when_the_download_fails(tmp_path, m
     # A clone without ../shared beside it: the configured mirror is missing, not silently skipped.
     gone = tmp_path / "shared" / "datasets"
     monkeypatch.setenv("REPROGATE_MIRROR", str(gone))
-    monkeypatch.setattr("urllib.request.urlopen", _no_network)
+    monkeypatch.setattr("urllib.request.OpenerDirector.open", _no_network)
     with pytest.raises(UserError) as err:
         prepare(BANKING, REPO, tmp_path / "p", tmp_path / "d.json")
     msg = str(err.value)
@@ -311,6 +311,7 @@ def test_a_mirror_that_is_not_there_is_named_when_the_download_fails(tmp_path, m
 
 
 def _no_network(*a, **k):
+    # Every urllib request, whichever opener sends it, fails as on a machine without a route out.
     raise OSError("network is unreachable")
 
 
@@ -338,7 +339,7 @@ def http_folder(tmp_path, monkeypatch):
     import threading
 
     for var in ("no_proxy", "NO_PROXY"):  # a machine's HTTP proxy must not sit in between
-        monkeypatch.setenv(var, "127.0.0.1")
+        monkeypatch.setenv(var, "127.0.0.1,localhost")
     site = tmp_path / "site"
     site.mkdir()
     seen: list[tuple[str, str | None]] = []  # (path, Authorization header) of each request
@@ -346,6 +347,14 @@ def http_folder(tmp_path, monkeypatch):
     class Handler(http.server.SimpleHTTPRequestHandler):
         def do_GET(self):
             seen.append((self.path, self.headers.get("Authorization")))
+            if self.path.startswith("/elsewhere/"):  # like the hub's redirect to its storage host
+                self.send_response(302)
+                port = self.server.server_address[1]
+                self.send_header(
+                    "Location", f"http://localhost:{port}/{self.path.removeprefix('/elsewhere/')}"
+                )
+                self.end_headers()
+                return
             super().do_GET()
 
         def log_message(self, *a):
@@ -416,9 +425,15 @@ def test_a_hub_dataset_is_fetched_from_hf_endpoint_with_hf_token(tmp_path, http_
     assert cached.read_bytes() == (tmp_path / "raw" / "commands.csv").read_bytes()
     path = f"/datasets/me/home-commands/resolve/{revision}/data/my%20commands.csv"
     assert seen == [(path, "Bearer hf_secret")]
+    # Sent to another host (the hub's storage), the file comes without the token going along.
+    shutil.rmtree(tmp_path / "data")
+    monkeypatch.setenv("HF_ENDPOINT", base + "/elsewhere")
+    prepare(spec_path, tmp_path)
+    assert cached.read_bytes() == (tmp_path / "raw" / "commands.csv").read_bytes()
+    assert seen[1:] == [(f"/elsewhere{path}", "Bearer hf_secret"), (path, None)]
     # A repo id that is not owner/name (here a stray space) is a spec error before any request.
     spec["origins"]["mine"]["source"]["repo"] = "me/home commands"
     spec_path.write_text(yaml.safe_dump(spec))
     with pytest.raises(UserError, match=r"field 'origins\.mine\.source\.repo': value 'me/home commands'"):
         prepare(spec_path, tmp_path)
-    assert len(seen) == 1
+    assert len(seen) == 3

@@ -53,6 +53,21 @@ def _searched(mirrors: list[Path]) -> str:
     return "searched " + ", ".join(f"{m}{'' if m.is_dir() else ' (does not exist)'}" for m in mirrors)
 
 
+class _SameHostAuth(urllib.request.HTTPRedirectHandler):
+    """Redirects keep a token only on the host it was meant for. The hub sends large files to
+    a storage host with a signed URL; the token must not travel there (and a second credential
+    makes that host refuse the request), as huggingface_hub does through requests."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if (
+            new is not None
+            and urllib.parse.urlsplit(newurl).hostname != urllib.parse.urlsplit(req.full_url).hostname
+        ):
+            new.remove_header("Authorization")
+        return new
+
+
 def _download(url: str, dest: Path, sha: str, mirrors: list[Path], headers: dict[str, str]) -> str:
     """Download to `dest` and return the sha256 of what came; a file that does not match `sha`
     is deleted instead of landing in the cache."""
@@ -60,7 +75,7 @@ def _download(url: str, dest: Path, sha: str, mirrors: list[Path], headers: dict
     tmp = dest.with_name(dest.name + ".part")
     try:
         request = urllib.request.Request(url, headers=headers)
-        with urllib.request.urlopen(request, timeout=60) as r, open(tmp, "wb") as f:
+        with urllib.request.build_opener(_SameHostAuth).open(request, timeout=60) as r, open(tmp, "wb") as f:
             while block := r.read(1 << 20):
                 f.write(block)
     except (urllib.error.URLError, OSError) as e:
