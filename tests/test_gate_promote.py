@@ -689,6 +689,12 @@ def test_a_model_spec_edited_into_an_invalid_one_is_a_recorded_failure(tmp_path)
             "(passed: Input should be a valid boolean, found 'yes'",
         ),
         ('{"passed": true, "chosen": "m", "reasons": [], "candidates": {}}', "chose 'm', which is not among"),
+        (
+            '{"passed": true, "chosen": "m", "reasons": [], "candidates": {"m": {"passed": true, '
+            '"heldout_accuracy": 0.9, "model_version": "m@1", '
+            '"rules": [{"rule": "ece", "verdict": "pass"}]}}}',
+            "(candidates.m.rules.0.value: missing",
+        ),
     ],
 )
 def test_promote_refuses_a_gate_record_the_gate_did_not_write(tmp_path, record, said):

@@ -78,6 +78,9 @@ class _Production(_Evidence):
 
 class _Rule(_Evidence):
     rule: str
+    value: Any
+    op: str | None
+    threshold: Any
     verdict: Literal["pass", "fail", "n/a"]
 
 
