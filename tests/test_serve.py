@@ -679,3 +679,41 @@ def test_an_ensemble_with_a_neighbour_vote_answers_as_it_was_evaluated(tmp_path)
             load_spec(root / "specs/models/bad.yaml", ModelSpec)
         proc = run_cli("validate", "specs/models/bad.yaml", cwd=root)
         assert proc.returncode != 0 and said in proc.stdout + proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_model_trained_on_a_device_this_host_lacks_is_rescored_where_the_user_says(project, monkeypatch):
+    # A model trained with device: mps (on a Mac), rescored on this Linux host after, say, a gate
+    # change: calibrate refuses and says how to score it here without retraining it; with
+    # REPROGATE_SCORE_DEVICE=cpu it runs on the CPU, answers as the same weights do, and
+    # eval.json says where it was scored.
+    from reprogate.runtime import SCORE_DEVICE_ENV
+    from reprogate.stages import evaluate
+
+    if torch.backends.mps.is_available():
+        pytest.skip("this host has MPS")
+    mac = project / "models" / "maclike"
+    shutil.copytree(project / "models" / "tiny", mac)
+    config = json.loads((mac / "config.json").read_text())
+    config["spec"]["device"] = "mps"
+    (mac / "config.json").write_text(json.dumps(config))
+    gate_spec = project / "specs" / "gate.yaml"
+    try:
+        monkeypatch.delenv(SCORE_DEVICE_ENV, raising=False)
+        with pytest.raises(UserError) as err:
+            calibrate.run(project, "maclike", gate_spec)
+        assert "field 'device' is 'mps'" in str(err.value)
+        assert f"{SCORE_DEVICE_ENV}=cpu dvc repro" in str(err.value)
+        monkeypatch.setenv(SCORE_DEVICE_ENV, "gpu")
+        with pytest.raises(UserError, match=f"{SCORE_DEVICE_ENV} is 'gpu'; use one of auto, cpu, cuda, mps"):
+            calibrate.run(project, "maclike", gate_spec)
+        monkeypatch.setenv(SCORE_DEVICE_ENV, "cpu")
+        calibrate.run(project, "maclike", gate_spec)
+        rescored = evaluate.run(project, "maclike")
+        monkeypatch.delenv(SCORE_DEVICE_ENV)
+        here = evaluate.run(project, "tiny")
+        assert rescored["device"] == here["device"] == "cpu"
+        assert rescored["sets"] == here["sets"] and rescored["policy"] == here["policy"]
+    finally:
+        shutil.rmtree(mac)
+        shutil.rmtree(project / "predictions" / "maclike", ignore_errors=True)
+        shutil.rmtree(project / "metrics" / "maclike", ignore_errors=True)

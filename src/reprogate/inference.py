@@ -75,10 +75,11 @@ class Scorer:
         members_dir: Path | None = None,
     ):
         """`device` (auto|cpu|cuda|mps) overrides the spec's training device: serving is a
-        deployment choice, and a model trained on a GPU must answer on a CPU-only host.
+        deployment choice, and a model trained on a GPU must answer on a CPU-only host. Without
+        it, pipeline stages score on runtime.scoring_device.
         `members_dir` holds an ensemble's member folders (default models/)."""
         from reprogate import models
-        from reprogate.runtime import SERVE_DEVICE_FIX, configure_mps_env, resolve_device, select_device
+        from reprogate.runtime import SERVE_DEVICE_FIX, configure_mps_env, resolve_device, scoring_device
 
         self.root, self.name = root, name
         self.dir = model_dir or root / "models" / name
@@ -89,7 +90,7 @@ class Scorer:
         self.spec = ModelSpec.model_validate(config["spec"])
         configure_mps_env(self.spec)
         if device is None:
-            self.device = select_device(self.spec, self.dir / "config.json")
+            self.device = scoring_device(self.spec, self.dir / "config.json")
         else:
             self.device = resolve_device(device, "--device", SERVE_DEVICE_FIX)
         torch.set_num_threads(self.spec.threads)

@@ -22,6 +22,8 @@ from reprogate.specs import ModelSpec
 PACKAGES = ("torch", "numpy", "transformers", "peft", "safetensors", "reprogate")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 SERVE_DEVICE_FIX = "Use --device cpu, or --device auto (the default) to take the best device present."
+# Where calibrate, combine and evaluate score a trained model, when not on its training device.
+SCORE_DEVICE_ENV = "REPROGATE_SCORE_DEVICE"
 
 
 def configure_mps_env(spec: ModelSpec) -> None:
@@ -43,6 +45,25 @@ def select_device(spec: ModelSpec, spec_path: Path | str):
             f"'{device.type}'. Use fp32 or bf16."
         )
     return device
+
+
+def scoring_device(spec: ModelSpec, spec_path: Path | str):
+    """The device calibrate, combine and evaluate score a trained model on: its spec's, unless
+    REPROGATE_SCORE_DEVICE names another. A model trained on a GPU host can then be rescored
+    on a CPU-only one (after a gate or data change) without being retrained; training and the
+    resume check always use the spec's device, and evaluate records the device it used."""
+    want = os.environ.get(SCORE_DEVICE_ENV)
+    if want:
+        if want not in DEVICES:
+            raise UserError(f"{SCORE_DEVICE_ENV} is {want!r}; use one of {', '.join(DEVICES)}, or unset it.")
+        return resolve_device(want, SCORE_DEVICE_ENV, f"Give another device, or unset {SCORE_DEVICE_ENV}.")
+    return resolve_device(
+        spec.device,
+        f"{spec_path}: field 'device'",
+        f"To score this trained model on this machine without retraining it, run with "
+        f"{SCORE_DEVICE_ENV}=cpu (or auto), e.g. `{SCORE_DEVICE_ENV}=cpu dvc repro`; training stages "
+        "still need the spec's device.",
+    )
 
 
 def resolve_device(want: str, what: str, fix: str):

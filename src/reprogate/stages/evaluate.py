@@ -156,6 +156,7 @@ def run(root: Path, name: str) -> dict[str, Any]:
             _plots(plots, labels, gold, pred, cal, bins_before, bins_after)
     metrics = {
         "heldout": "test",
+        "device": scorer.device.type,
         "model_version": version,
         "temperature": policy.temperature,
         "policy": calibration["policy"],
