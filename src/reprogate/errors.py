@@ -27,6 +27,16 @@ def read_json(path: Path, fix: str) -> Any:
         raise UserError(f"{path} is not valid JSON ({e}); {fix}") from None
 
 
+def first_problem(err: ValidationError, skip: tuple[str, ...] = ()) -> tuple[str, str]:
+    """The first field pydantic refused in a file reprogate wrote (evidence, a record), and what
+    was wrong there: "missing", or the message and the value found. `skip` drops location parts
+    the user never wrote, such as the tags of a tagged union."""
+    first = err.errors(include_url=False)[0]
+    field = ".".join(str(p) for p in first["loc"] if p not in skip)
+    found = "missing" if first["type"] == "missing" else f"{first['msg']}, found {first['input']!r:.60}"
+    return field, found
+
+
 def _show(value: object, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

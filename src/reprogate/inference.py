@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from reprogate.errors import UserError, read_json
+from reprogate.errors import UserError, first_problem, read_json
 from reprogate.hashing import sha256_file
 from reprogate.pipeline import PRODUCTION, PROMOTED, RESTORE_PRODUCTION
 from reprogate.specs import OOS_LABEL, ModelSpec
@@ -455,9 +455,7 @@ def _check_record(record: dict[str, Any], path: Path) -> None:
     try:
         _ServedRecord.model_validate(record)
     except ValidationError as e:
-        first = e.errors(include_url=False)[0]
-        field = ".".join(str(p) for p in first["loc"])
-        found = "missing" if first["type"] == "missing" else f"{first['msg']}, found {first['input']!r:.60}"
+        field, found = first_problem(e)
         raise UserError(
             f"{path}: field '{field}': {found}; it is not the record `reprogate promote` wrote. "
             f"{RESTORE_PRODUCTION[0].upper()}{RESTORE_PRODUCTION[1:]}."

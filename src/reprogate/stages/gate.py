@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from reprogate.errors import UserError
+from reprogate.errors import UserError, first_problem
 from reprogate.pipeline import PRODUCTION, RESTORE_PRODUCTION
 from reprogate.specs import GateSpec, ModelSpec, load_spec
 
@@ -138,8 +138,7 @@ def _read(path: Path, shape: type[_Evidence]) -> dict[str, Any] | None:
         if first["type"] == "model_type":
             return {"unreadable": f"{path.name} is not a JSON object"}
         # Drop the tags pydantic adds for the set kinds: the user sees sets.test.accuracy.
-        field = ".".join(str(p) for p in first["loc"] if p not in ("labelled", "out_of_scope"))
-        found = "missing" if first["type"] == "missing" else f"{first['msg']}, found {first['input']!r:.60}"
+        field, found = first_problem(e, skip=("labelled", "out_of_scope"))
         return {"unreadable": f"{path.name} does not have the fields reprogate writes ({field}: {found})"}
     return json.loads(text)
 
