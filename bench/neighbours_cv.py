@@ -20,7 +20,7 @@ import json
 
 import numpy as np
 import torch
-from learning_curve import FOLDS, ROOT, held_out_log_probs, paired_gain, plan, training_rows
+from learning_curve import FOLDS, POOL, ROOT, held_out_log_probs, paired_gain, plan, training_rows
 from safetensors.torch import load_file
 
 from reprogate.models.ensemble import Neighbours
@@ -33,6 +33,25 @@ GRID = [(k, t) for k in (10, 30, 50) for t in (0.02, 0.03, 0.05)]
 
 def embeddings(member: str, split: str) -> torch.Tensor:
     return load_file(str(ROOT / "data" / "features" / member / f"{split}.safetensors"))["embedding"]
+
+
+def held_out_vote(
+    config: NeighboursConfig, y: np.ndarray, fold: np.ndarray, order: np.ndarray, n_out: int
+) -> np.ndarray:
+    """Every pooled query's neighbour vote, its memory the rows its fold's members trained on,
+    plus the negatives under out of scope when the members have that class (as ensemble_knn's)."""
+    pool = torch.cat([embeddings(config.member, s) for s in POOL])  # the rows of `y`, in order
+    oos = len(json.loads((ROOT / "data" / "prepared" / "labels.json").read_text()))
+    negatives = embeddings(config.member, "negatives") if n_out == oos + 1 else pool[:0]
+    vote = np.zeros((len(y), n_out), np.float32)
+    for k in range(FOLDS):
+        rows = training_rows(fold, order, k, SIZE)
+        memory = torch.cat([pool[torch.as_tensor(rows)], negatives])
+        gold = torch.cat([torch.from_numpy(y[rows]), torch.full((len(negatives),), oos)])
+        held = np.flatnonzero(fold == k)
+        near = Neighbours.from_features(config, memory, gold, n_out)
+        vote[held] = near.log_probs(pool[torch.as_tensor(held)]).numpy()
+    return vote
 
 
 def nested(parts: list[np.ndarray], y: np.ndarray, fold: np.ndarray) -> np.ndarray:
@@ -56,25 +75,13 @@ def main() -> None:
     _, frozen = held_out_log_probs(args.member, args.seed, (SIZE,))
     members = [ngram[SIZE], frozen[SIZE]]
     n_out = members[0].shape[1]
-    pool = torch.cat([embeddings(args.member, s) for s in ("train", "validation", "calibration")])
-    vocabulary = json.loads((ROOT / "data" / "prepared" / "labels.json").read_text())
-    oos = len(vocabulary)  # the out-of-scope class is the last output, when the members have one
-    # With that class, the negatives join the memory under it, as in ensemble_knn's.
-    negatives = embeddings(args.member, "negatives") if n_out == oos + 1 else pool[:0]
     fold, order = plan(y, args.seed)
     base = nested(members, y, fold)
     print(f"members alone ({len(y)} pooled queries, weights fitted on the next fold): {base.mean():.4f}")
     print("k | temperature | with the vote | gain over members [95%]")
     for k_nn, temperature in GRID:
-        vote = np.zeros_like(members[0])
         config = NeighboursConfig(member=args.member, k=k_nn, temperature=temperature)
-        for k in range(FOLDS):
-            rows = training_rows(fold, order, k, SIZE)
-            memory = torch.cat([pool[torch.as_tensor(rows)], negatives])
-            gold = torch.cat([torch.from_numpy(y[rows]), torch.full((len(negatives),), oos)])
-            held = np.flatnonzero(fold == k)
-            near = Neighbours.from_features(config, memory, gold, n_out)
-            vote[held] = near.log_probs(pool[torch.as_tensor(held)]).numpy()
+        vote = held_out_vote(config, y, fold, order, n_out)
         right = nested([*members, vote], y, fold)
         gain, lo, hi = paired_gain(base, right, args.seed)
         print(f"{k_nn} | {temperature} | {right.mean():.4f} | {gain:+.2f} points [{lo:+.2f}, {hi:+.2f}]")

@@ -26,33 +26,14 @@ import json
 
 import numpy as np
 import torch
-from learning_curve import FOLDS, ROOT, held_out_log_probs, plan, training_rows
-from neighbours_cv import SIZE, embeddings
+from learning_curve import FOLDS, ROOT, held_out_log_probs, plan
+from neighbours_cv import SIZE, held_out_vote
 
 from reprogate.inference import Policy, act_mask, fit_policy, fit_temperature, probabilities
-from reprogate.models.ensemble import Neighbours
 from reprogate.specs import GateSpec, ModelSpec, load_spec
 from reprogate.stages.combine import fit_weights
 
 CONFIDENCES = (0.0, 0.8, 0.9, 0.95, 0.99)
-
-
-def vote(spec: ModelSpec, y: np.ndarray, fold: np.ndarray, order: np.ndarray, n_out: int) -> np.ndarray:
-    """The neighbour vote of every pooled query, its memory the rows its fold's members saw."""
-    near = spec.ensemble.neighbours
-    pool = torch.cat([embeddings(near.member, s) for s in ("train", "validation", "calibration")])
-    oos = n_out - 1
-    negatives = embeddings(near.member, "negatives")
-    out = np.zeros((len(y), n_out), np.float32)
-    for k in range(FOLDS):
-        rows = training_rows(fold, order, k, SIZE)
-        memory = torch.cat([pool[torch.as_tensor(rows)], negatives])
-        gold = torch.cat([torch.from_numpy(y[rows]), torch.full((len(negatives),), oos)])
-        held = np.flatnonzero(fold == k)
-        out[held] = (
-            Neighbours.from_features(near, memory, gold, n_out).log_probs(pool[torch.as_tensor(held)]).numpy()
-        )
-    return out
 
 
 def calibrated(members: list[np.ndarray], extra: list[np.ndarray], y: np.ndarray, fit: np.ndarray):
@@ -86,7 +67,10 @@ def main() -> None:
         n_out - 1 if n_out == len(json.loads((ROOT / "data/prepared/labels.json").read_text())) + 1 else None
     )
     fold, order = plan(y, args.seed)
-    candidates = {"ensemble": [], "ensemble_knn": [vote(knn, y, fold, order, n_out)]}
+    candidates = {
+        "ensemble": [],
+        "ensemble_knn": [held_out_vote(knn.ensemble.neighbours, y, fold, order, n_out)],
+    }
     empty = np.zeros((0, n_out))
     print(f"{len(y)} pooled queries; wrong-action limit {gate.wrong_action_rate_max}; each fit on one fold")
     print("candidate | confidence | coverage | wrong-action | fits above the limit")
