@@ -26,9 +26,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from reprogate.stages import train
-from reprogate.stages.features import concat
-from reprogate.trainer import Example, TrainData, read_jsonl
+from reprogate import training
+from reprogate.data import Example, TrainData
+from reprogate.jsonl import read_jsonl
+from reprogate.models.base import concat, predict_logits
 from reprogate.trainer import total_steps as steps_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +64,7 @@ def held_out_log_probs(
 ) -> tuple[np.ndarray, dict[float, np.ndarray]]:
     """Gold labels of the pool, and per size the log-probabilities each row got from the model
     trained without its fold."""
-    setup = train.Setup(ROOT, train.Paths.for_model(ROOT, name))
+    setup = training.Setup(ROOT, training.Paths.for_model(ROOT, name))
     labels = setup.data.labels
     index = {lbl: i for i, lbl in enumerate(labels)}
     rows, feats = [], None
@@ -93,7 +94,7 @@ def held_out_log_probs(
             setup.total_steps = steps_for(setup.spec, len(setup.feats))
             trainer = setup.trainer()
             trainer.fit(show_progress=False)
-            logits = train.predict_logits(trainer.model, setup.featurizer, take(held), setup.device)
+            logits = predict_logits(trainer.model, setup.featurizer, take(held), setup.device)
             out[s][held] = torch.log_softmax(logits.float(), -1).numpy()
         print(f"{name}: fold {k + 1}/{FOLDS} done ({time.perf_counter() - start:.0f} s)", flush=True)
     return y, out

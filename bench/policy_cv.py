@@ -29,7 +29,7 @@ import torch
 from learning_curve import FOLDS, ROOT, held_out_log_probs, plan
 from neighbours_cv import SIZE, held_out_vote
 
-from reprogate.inference import Policy, act_mask, fit_policy, fit_temperature, probabilities
+from reprogate.calibration import Policy, act_mask, fit_policy, fit_temperature, probabilities
 from reprogate.specs import GateSpec, ModelSpec, load_spec
 from reprogate.stages.combine import fit_weights
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 import uvicorn
 
-from reprogate.inference import load_servable as load
+from reprogate.production import load_servable as load
 from reprogate.serve import create_app
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,9 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from reprogate import training
+from reprogate.data import texts
 from reprogate.plan import measure
 from reprogate.stages import train
-from reprogate.stages.features import texts
 from reprogate.stages.prepare import prepare
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,8 +36,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(
         prefix="bench-", dir=ROOT / "runs" if (ROOT / "runs").is_dir() else None
     ) as tmp:
-        paths = train.Paths.for_model(ROOT, "ngram", work=Path(tmp) / "ngram")
-        m = train.run(ROOT, paths, skip_plan=False, log=lambda s: None)
+        paths = training.Paths.for_model(ROOT, "ngram", work=Path(tmp) / "ngram")
+        m = train.train(ROOT, paths, skip_plan=False, log=lambda s: None)
     rows.append(
         (
             "ngram full train, wall time (s)",
@@ -48,7 +49,7 @@ def main() -> None:
     rows.append(("ngram checkpoint share of training time", m["checkpoint_share"], "target < 0.05"))
     rows.append(("ngram validation accuracy", m["validation_accuracy"], "not a test-set number"))
     if not args.skip_encoder:
-        setup = train.Setup(ROOT, train.Paths.for_model(ROOT, "minilm"))
+        setup = training.Setup(ROOT, training.Paths.for_model(ROOT, "minilm"))
         plan = measure(setup, warmup=2, timed=10, max_seconds=120)
         per_update = setup.spec.micro_batch * setup.spec.grad_accum
         rows.append(

@@ -155,8 +155,8 @@ def test_frozen_features_on_cuda_match_the_cpu_ones(project):
     write_model_spec(
         project, "frozen_cpu", _encoder("frozen", {"layers": 2, "normalize": True}, device="cpu")
     )
-    features.run(project, "frozen_gpu")
-    features.run(project, "frozen_cpu")
+    features.featurize(project, "frozen_gpu")
+    features.featurize(project, "frozen_cpu")
     gpu_dir, cpu_dir = project / "data/features/frozen_gpu", project / "data/features/frozen_cpu"
     files = sorted(p.name for p in gpu_dir.glob("*.safetensors"))
     assert files and files == sorted(p.name for p in cpu_dir.glob("*.safetensors"))

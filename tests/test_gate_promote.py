@@ -14,8 +14,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reprogate.errors import UserError
-from reprogate.inference import (
+from reprogate import training
+from reprogate.calibration import (
     TEMPERATURE_RANGE,
     Policy,
     act_mask,
@@ -23,12 +23,13 @@ from reprogate.inference import (
     ece,
     fit_policy,
     fit_temperature,
-    model_version,
     prediction,
     probabilities,
     rows_to_certify,
     upper_bound,
 )
+from reprogate.errors import UserError
+from reprogate.model_folder import model_version
 from reprogate.specs import GateSpec
 from reprogate.stages import calibrate, gate
 from tests.conftest import BIN, REPO, TINY_NGRAM, copy_project, make_home_project, run_cli, write_model_spec
@@ -151,7 +152,7 @@ def test_best_accuracy_can_lose_to_a_safer_model(tmp_path):
         (tmp_path / "metrics" / name / "resume.json").write_text(json.dumps({"passed": True}))
     (tmp_path / "specs").mkdir()
     (tmp_path / "specs" / "gate.yaml").write_text("kind: gate\n")
-    r = gate.run(tmp_path, ["sharp", "safe"], tmp_path / "specs" / "gate.yaml")
+    r = gate.decide(tmp_path, ["sharp", "safe"], tmp_path / "specs" / "gate.yaml")
     assert r["passed"] and r["chosen"] == "safe"
     sharp = {x["rule"]: x for x in r["candidates"]["sharp"]["rules"]}
     assert sharp["false_positive_action_rate"] == {
@@ -259,8 +260,8 @@ def test_what_a_calibration_cannot_promise_is_kept_with_it(tmp_path):
 
     root = make_home_project(tmp_path)
     (root / "specs" / "gate.yaml").write_text("kind: gate\npolicy_fit: {confidence: 0.9}\n")
-    train.run(root, train.Paths.for_model(root, "tiny"), skip_plan=True, log=lambda s: None)
-    said = calibrate.run(root, "tiny", root / "specs" / "gate.yaml")
+    train.train(root, training.Paths.for_model(root, "tiny"), skip_plan=True, log=lambda s: None)
+    said = calibrate.calibrate(root, "tiny", root / "specs" / "gate.yaml")
     stored = json.loads((root / "models/tiny/calibration.json").read_text())
     # 15 oos_val queries cannot bound a 1% rate: said on the run and kept in the file, where a
     # reviewer of the model (and of its promotion) reads its calibration.
@@ -274,7 +275,7 @@ def test_failed_resume_check_or_missing_metrics_fail_the_gate(tmp_path):
     # A candidate listed in params.yaml whose stages never ran (dvc.yaml not recompiled) is a
     # recorded failure that says why, not a crash.
     (tmp_path / "gate.yaml").write_text("kind: gate\n")
-    r = gate.run(tmp_path, ["newcomer"], tmp_path / "gate.yaml")
+    r = gate.decide(tmp_path, ["newcomer"], tmp_path / "gate.yaml")
     assert not r["passed"] and r["chosen"] is None and r["candidates"]["newcomer"]["not_evaluated"]
     assert "newcomer: not evaluated (no metrics/newcomer/eval.json" in gate.summary(r)
     assert "run `reprogate compile`, then `dvc repro`" in gate.summary(r)
@@ -287,7 +288,7 @@ def test_damaged_evidence_is_a_recorded_failure_not_a_crash(tmp_path):
     (tmp_path / "metrics" / "cut" / "resume.json").write_text("<<<<<<< HEAD\n")  # a merge conflict
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "production.json").write_text('<<<<<<< HEAD\n{"model": "a"}\n=======\n')
-    r = gate.run(tmp_path, ["cut"], tmp_path / "gate.yaml")
+    r = gate.decide(tmp_path, ["cut"], tmp_path / "gate.yaml")
     assert not r["passed"] and json.loads((tmp_path / "metrics" / "gate.json").read_text()) == r
     assert "cut: not evaluated (metrics/cut/eval.json is not valid JSON" in gate.summary(r)
     assert "dvc repro --force --single-item evaluate@cut" in gate.summary(r)
@@ -299,7 +300,7 @@ def test_damaged_evidence_is_a_recorded_failure_not_a_crash(tmp_path):
     assert "git checkout HEAD -- models/production.json" in compared["note"]
     # A record that is JSON but not one promote wrote (no held-out accuracy): the same, said so.
     (tmp_path / "models" / "production.json").write_text('{"model": "a", "model_version": "a@1"}')
-    again = gate.run(tmp_path, ["cut"], tmp_path / "gate.yaml")["candidates"]["cut"]["rules"]
+    again = gate.decide(tmp_path, ["cut"], tmp_path / "gate.yaml")["candidates"]["cut"]["rules"]
     rules = {x["rule"]: x for x in again}
     assert "it has no heldout_accuracy" in rules["not_worse_than_production"]["note"]
 
@@ -331,7 +332,7 @@ def test_evidence_with_the_wrong_fields_is_a_recorded_failure_not_a_crash(tmp_pa
     (tmp_path / "metrics" / "m" / "resume.json").write_text(json.dumps({"passed": "yes"}))
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "production.json").write_text(json.dumps({"model": "a", "data_sha256": "abc"}))
-    r = gate.run(tmp_path, ["m"], tmp_path / "gate.yaml")
+    r = gate.decide(tmp_path, ["m"], tmp_path / "gate.yaml")
     assert not r["passed"] and r["chosen"] is None
     assert f"m: not evaluated (metrics/m/eval.json does not have the fields reprogate writes ({said}" in (
         gate.summary(r)
@@ -668,7 +669,7 @@ def test_a_model_spec_edited_into_an_invalid_one_is_a_recorded_failure(tmp_path)
         (tmp_path / "metrics" / name).mkdir(parents=True)
         (tmp_path / "metrics" / name / "eval.json").write_text(json.dumps(_eval(0.95, fp=0.0)))
     (tmp_path / "metrics" / "fine" / "resume.json").write_text(json.dumps({"passed": True}))
-    r = gate.run(tmp_path, ["broken", "fine"], tmp_path / "gate.yaml")
+    r = gate.decide(tmp_path, ["broken", "fine"], tmp_path / "gate.yaml")
     assert r["chosen"] == "fine" and json.loads((tmp_path / "metrics" / "gate.json").read_text()) == r
     rule = next(x for x in r["candidates"]["broken"]["rules"] if x["rule"] == "resume_equivalence")
     assert rule["verdict"] == "fail"
@@ -717,6 +718,8 @@ def test_the_gate_record_is_what_promote_reads(tmp_path):
         (tmp_path / "metrics" / name).mkdir(parents=True)
         (tmp_path / "metrics" / name / "eval.json").write_text(json.dumps(ev))
         (tmp_path / "metrics" / name / "resume.json").write_text(json.dumps({"passed": True}))
+    from reprogate import promote
+
     (tmp_path / "gate.yaml").write_text("kind: gate\n")
-    r = gate.run(tmp_path, ["sharp", "safe"], tmp_path / "gate.yaml")
-    assert gate.read_decision(tmp_path, "fix") == r
+    r = gate.decide(tmp_path, ["sharp", "safe"], tmp_path / "gate.yaml")
+    assert promote.read_decision(tmp_path, "fix") == r

@@ -20,8 +20,9 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from reprogate import training
 from reprogate.errors import UserError
-from reprogate.inference import model_version
+from reprogate.model_folder import model_version
 from reprogate.serve import MAX_BATCH, MAX_BODY_BYTES, MAX_TEXT_CHARS, create_app
 from reprogate.stages import calibrate, combine, train
 from tests.conftest import TINY_NGRAM, make_home_project, write_model_spec
@@ -45,8 +46,8 @@ def project(tmp_path_factory) -> Path:
     root = make_home_project(tmp_path_factory.mktemp("serve"))
     write_model_spec(root, "tiny2", dict(TINY_NGRAM, seed=11, ngram={"buckets": 2048, "dim": 8}))
     for name in ("tiny", "tiny2"):
-        train.run(root, train.Paths.for_model(root, name), skip_plan=True, log=lambda s: None)
-        calibrate.run(root, name, root / "specs" / "gate.yaml")
+        train.train(root, training.Paths.for_model(root, name), skip_plan=True, log=lambda s: None)
+        calibrate.calibrate(root, name, root / "specs" / "gate.yaml")
     _promote_by_hand(root, "tiny")
     return root
 
@@ -249,15 +250,16 @@ def _duo_project(tmp_path: Path) -> Path:
                       "ensemble": {"members": ["tiny", "tiny2"]}},
     )  # fmt: skip
     for name in ("tiny", "tiny2"):
-        train.run(root, train.Paths.for_model(root, name), skip_plan=True, log=lambda s: None)
-        calibrate.run(root, name, root / "specs" / "gate.yaml")
-    combine.run(root, "duo")
-    calibrate.run(root, "duo", root / "specs" / "gate.yaml")
+        train.train(root, training.Paths.for_model(root, name), skip_plan=True, log=lambda s: None)
+        calibrate.calibrate(root, name, root / "specs" / "gate.yaml")
+    combine.combine(root, "duo")
+    calibrate.calibrate(root, "duo", root / "specs" / "gate.yaml")
     return root
 
 
 def test_production_is_served_only_from_the_promoted_files(tmp_path):
-    from reprogate.inference import Scorer, load_servable
+    from reprogate.model_folder import Scorer
+    from reprogate.production import load_servable
 
     root = _duo_project(tmp_path)
     _promote_by_hand(root, "tiny")
@@ -265,8 +267,8 @@ def test_production_is_served_only_from_the_promoted_files(tmp_path):
 
     # A member retrained after the ensemble was combined: the ensemble refuses to score.
     write_model_spec(root, "tiny2", dict(TINY_NGRAM, seed=12, ngram={"buckets": 2048, "dim": 8}))
-    train.run(root, train.Paths.for_model(root, "tiny2"), skip_plan=True, log=lambda s: None)
-    calibrate.run(root, "tiny2", root / "specs" / "gate.yaml")
+    train.train(root, training.Paths.for_model(root, "tiny2"), skip_plan=True, log=lambda s: None)
+    calibrate.calibrate(root, "tiny2", root / "specs" / "gate.yaml")
     with pytest.raises(UserError, match=r"combined from other versions of tiny2 .* combine@duo"):
         Scorer(root, "duo")
 
@@ -274,8 +276,8 @@ def test_production_is_served_only_from_the_promoted_files(tmp_path):
     # unless asked for by path.
     promoted = model_version(root / "models" / "tiny")
     write_model_spec(root, "tiny", dict(TINY_NGRAM, seed=4))
-    train.run(root, train.Paths.for_model(root, "tiny"), skip_plan=True, log=lambda s: None)
-    calibrate.run(root, "tiny", root / "specs" / "gate.yaml")
+    train.train(root, training.Paths.for_model(root, "tiny"), skip_plan=True, log=lambda s: None)
+    calibrate.calibrate(root, "tiny", root / "specs" / "gate.yaml")
     with pytest.raises(UserError, match=rf"pins {promoted}, but .*retrained since.*--model models/tiny"):
         load_servable(root)
     assert load_servable(root, root / "models" / "tiny").version != promoted
@@ -287,7 +289,7 @@ DAMAGE = {
     "calibration without its policy": (
         "calibration.json",
         lambda b: b'{"temperature": 1.3}',
-        "calibration.json has no usable temperature and policy (KeyError: 'policy')",
+        "calibration.json has no usable temperature and policy (policy: missing)",
     ),
     "config cut short": ("config.json", lambda b: b"{", "config.json is not valid JSON"),
     "labels gone": ("labels.json", None, "labels.json does not exist"),
@@ -500,7 +502,7 @@ def test_any_unicode_query_gets_a_well_formed_prediction(client, text):
 
 
 def test_production_outlives_a_retrain_and_a_revert_brings_the_old_model_back(tmp_path):
-    from reprogate.inference import load_servable
+    from reprogate.production import load_servable
     from reprogate.promote import keep_promoted
     from reprogate.serve import Holder
 
@@ -522,10 +524,10 @@ def test_production_outlives_a_retrain_and_a_revert_brings_the_old_model_back(tm
     # A member and the ensemble retrained and recombined in the workspace: production still
     # answers, from the promoted files, exactly as before.
     write_model_spec(root, "tiny", dict(TINY_NGRAM, seed=4))
-    train.run(root, train.Paths.for_model(root, "tiny"), skip_plan=True, log=lambda s: None)
-    calibrate.run(root, "tiny", root / "specs" / "gate.yaml")
-    combine.run(root, "duo")
-    calibrate.run(root, "duo", root / "specs" / "gate.yaml")
+    train.train(root, training.Paths.for_model(root, "tiny"), skip_plan=True, log=lambda s: None)
+    calibrate.calibrate(root, "tiny", root / "specs" / "gate.yaml")
+    combine.combine(root, "duo")
+    calibrate.calibrate(root, "duo", root / "specs" / "gate.yaml")
     v2 = model_version(root / "models" / "duo")
     assert v2 != v1
     assert load_servable(root).version == v1 and answers(load_servable(root)) == before
@@ -613,10 +615,10 @@ def test_a_neighbour_vote_is_the_softmax_of_its_nearest_similarities(tmp_path):
 
 
 def test_an_ensemble_with_a_neighbour_vote_answers_as_it_was_evaluated(tmp_path):
-    from reprogate.inference import Scorer
+    from reprogate.jsonl import read_jsonl
+    from reprogate.model_folder import Scorer
     from reprogate.models.ensemble import MEMORY
     from reprogate.specs import ModelSpec, load_spec
-    from reprogate.trainer import read_jsonl
     from tests.conftest import run_cli
 
     root = make_home_project(tmp_path)
@@ -640,10 +642,10 @@ def test_an_ensemble_with_a_neighbour_vote_answers_as_it_was_evaluated(tmp_path)
                        "ensemble": {"members": ["tiny", "frozen"], "neighbours": near}},
     )  # fmt: skip
     for name in ("tiny", "frozen"):
-        train.run(root, train.Paths.for_model(root, name), skip_plan=True, log=lambda s: None)
-        calibrate.run(root, name, root / "specs" / "gate.yaml")
-    fitted = combine.run(root, "near")
-    calibrate.run(root, "near", root / "specs" / "gate.yaml")
+        train.train(root, training.Paths.for_model(root, name), skip_plan=True, log=lambda s: None)
+        calibrate.calibrate(root, name, root / "specs" / "gate.yaml")
+    fitted = combine.combine(root, "near")
+    calibrate.calibrate(root, "near", root / "specs" / "gate.yaml")
     assert set(fitted["weights"]) == {"tiny", "frozen", "neighbours"}
 
     # The memory is the train partition, stored with the ensemble and part of its version.
@@ -700,17 +702,17 @@ def test_a_model_trained_on_a_device_this_host_lacks_is_rescored_where_the_user_
     try:
         monkeypatch.delenv(SCORE_DEVICE_ENV, raising=False)
         with pytest.raises(UserError) as err:
-            calibrate.run(project, "maclike", gate_spec)
+            calibrate.calibrate(project, "maclike", gate_spec)
         assert "field 'device' is 'mps'" in str(err.value)
         assert f"{SCORE_DEVICE_ENV}=cpu dvc repro" in str(err.value)
         monkeypatch.setenv(SCORE_DEVICE_ENV, "gpu")
         with pytest.raises(UserError, match=f"{SCORE_DEVICE_ENV} is 'gpu'; use one of auto, cpu, cuda, mps"):
-            calibrate.run(project, "maclike", gate_spec)
+            calibrate.calibrate(project, "maclike", gate_spec)
         monkeypatch.setenv(SCORE_DEVICE_ENV, "cpu")
-        calibrate.run(project, "maclike", gate_spec)
-        rescored = evaluate.run(project, "maclike")
+        calibrate.calibrate(project, "maclike", gate_spec)
+        rescored = evaluate.evaluate(project, "maclike")
         monkeypatch.delenv(SCORE_DEVICE_ENV)
-        here = evaluate.run(project, "tiny")
+        here = evaluate.evaluate(project, "tiny")
         assert rescored["device"] == here["device"] == "cpu"
         assert rescored["sets"] == here["sets"] and rescored["policy"] == here["policy"]
     finally:

@@ -12,7 +12,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from reprogate import checkpoint
+from reprogate import checkpoint, training
 from reprogate.errors import UserError
 from reprogate.stages import resume_check, train
 from reprogate.trainer import EpochSampler
@@ -170,12 +170,13 @@ def test_missing_device_is_a_clear_error(project):
 
 
 def test_validate_checks_an_epoch_runs_checkpoint_interval_against_the_prepared_data(project):
+    from reprogate.specs import ModelSpec, load_spec
     from reprogate.trainer import total_steps
 
     base = {k: v for k, v in TINY_NGRAM.items() if k != "steps"} | {"epochs": 2}
     path = write_model_spec(project, "by_epochs", base | {"checkpoint": {"every_steps": 1000}})
     rows = len((project / "data" / "prepared" / "train.jsonl").read_text().splitlines())
-    steps = total_steps(train.load_spec(path, train.ModelSpec), rows)
+    steps = total_steps(load_spec(path, ModelSpec), rows)
     # The run's length is known only from the data: validate says so once data is prepared,
     # before any training, with the words training itself would use.
     said = run_cli("validate", str(path), cwd=project)
@@ -250,9 +251,9 @@ def test_a_run_over_its_budget_stops_checkpointed_and_resumes_once_the_budget_is
     # which changes nothing that training computes, resumes it to the uninterrupted result.
     work = project / "work" / f"capped-{budget['max_memory_gb']}"
     spec = write_model_spec(project, "capped", dict(TINY_NGRAM, budget=budget))
-    paths = train.Paths.for_model(project, "capped", spec, work=work)
+    paths = training.Paths.for_model(project, "capped", spec, work=work)
     with pytest.raises(UserError) as stopped:
-        train.run(project, paths, skip_plan=True, log=lambda msg: None)
+        train.train(project, paths, skip_plan=True, log=lambda msg: None)
     msg = str(stopped.value)
     assert "capped.yaml: training stopped at update 1 of 12" in msg and said in msg
     assert "resumes from it" in msg
@@ -260,7 +261,7 @@ def test_a_run_over_its_budget_stops_checkpointed_and_resumes_once_the_budget_is
 
     write_model_spec(project, "capped", dict(TINY_NGRAM, budget={"max_minutes": 60, "max_memory_gb": 8}))
     said_on_resume: list[str] = []
-    m = train.run(project, paths, skip_plan=True, log=said_on_resume.append)
+    m = train.train(project, paths, skip_plan=True, log=said_on_resume.append)
     assert m["resumed_from_step"] == 1 and m["steps"] == 12
     fields = resume_check.compare(reference, resume_check.final_checkpoint(work), tolerance=0.0)
     assert {k: f["verdict"] for k, f in fields.items()} == {k: "pass" for k in fields}
@@ -321,10 +322,10 @@ def test_encoder_resumes_bitwise_identically(project, mode, pooling):
 
 def test_frozen_features_are_computed_once(project, monkeypatch):
     from reprogate.models.encoder import EmbeddingFeaturizer
-    from reprogate.stages import features, train
+    from reprogate.stages import features
 
     write_model_spec(project, "enc_cached", _encoder_spec("frozen"))
-    summary = features.run(project, "enc_cached")
+    summary = features.featurize(project, "enc_cached")
     assert "features: enc_cached:" in summary
     manifest = json.loads((project / "data" / "features" / "enc_cached" / "manifest.json").read_text())
     assert set(manifest["splits"]) >= {"train", "validation", "calibration", "test"}
@@ -333,7 +334,7 @@ def test_frozen_features_are_computed_once(project, monkeypatch):
         raise AssertionError("the frozen encoder ran again although features@m had cached it")
 
     monkeypatch.setattr(EmbeddingFeaturizer, "encode", no_encoding)
-    setup = train.Setup(project, train.Paths.for_model(project, "enc_cached"))
+    setup = training.Setup(project, training.Paths.for_model(project, "enc_cached"))
     assert setup.feats.shape == (manifest["splits"]["train"]["rows"], 384)
 
 
@@ -427,7 +428,7 @@ def test_two_processes_killed_together_resume_bitwise_identically(project, two_r
 
 
 def test_a_checkpoint_of_two_processes_is_not_resumed_by_one(project, two_ranks):
-    from reprogate.stages.train import Paths, Setup
+    from reprogate.training import Paths, Setup
 
     setup = Setup(project, Paths.for_model(project, "tiny"))
     trainer = setup.trainer()
@@ -467,7 +468,7 @@ def test_resume_check_stage_kills_every_rank_and_passes(project, two_ranks):
 def test_a_frozen_model_stores_its_head_and_refuses_a_changed_encoder(project):
     from safetensors import safe_open
 
-    from reprogate.inference import Scorer
+    from reprogate.model_folder import Scorer
     from reprogate.models.encoder import encoder_sha256
     from reprogate.specs import resolve_encoder_path
 

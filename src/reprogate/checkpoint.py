@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from reprogate.hashing import sha256_file
+from reprogate.pause import pause_if
 
 # Fingerprint fields that must match to resume; others (packages, code, device) only warn.
 MUST_MATCH = ("spec_hash", "data_hash", "labels_hash", "encoder_sha256")
@@ -179,3 +181,66 @@ def environment_changes(saved: dict[str, Any], current: dict[str, Any]) -> dict[
     if saved.get("code_hash") != current.get("code_hash"):
         changes["code_hash"] = [saved.get("code_hash"), current.get("code_hash")]
     return changes
+
+
+def resume_point(
+    ckpt_dir: Path, fingerprint: dict[str, Any], total_steps: int, rank: int, log: Callable[[str], None]
+) -> Checkpoint | None:
+    """The checkpoint a run resumes from, or None to start afresh (clearing what is unusable).
+
+    A finished run under other code or packages trains again: DVC reruns a finished run only
+    when something changed, and here that was the code or the packages."""
+    ckpt = load_latest(ckpt_dir, fingerprint, log)
+    if ckpt is not None and ckpt.meta["trainer"]["global_step"] >= total_steps:
+        changed = environment_changes(ckpt.fingerprint, fingerprint)
+        if changed:
+            log(
+                f"the finished run in {ckpt.path} used other code or packages ({sorted(changed)}); "
+                "training again from scratch"
+            )
+            ckpt = None
+    if ckpt is None and ckpt_dir.exists() and any(ckpt_dir.iterdir()) and rank == 0:
+        log(f"no usable checkpoint of this run in {ckpt_dir}; removing what is there and starting fresh")
+        shutil.rmtree(ckpt_dir)
+    return ckpt
+
+
+class Checkpointer:
+    """Trainer callback: a checkpoint every `every` updates, and on demand (the final state,
+    a run stopped by its budget). Every rank gathers its state; rank 0 alone writes it."""
+
+    def __init__(self, ckpt_dir: Path, every: int, keep: int, fingerprint: dict[str, Any], rank: int):
+        self.dir, self.every, self.keep, self.fingerprint, self.rank = (
+            ckpt_dir,
+            every,
+            keep,
+            fingerprint,
+            rank,
+        )
+        self.seconds = 0.0  # spent writing, for train.json's checkpoint_share
+        self.saved_step: int | None = None
+
+    def save(self, trainer) -> None:
+        started = time.perf_counter()
+        step = self.saved_step = trainer.progress.global_step
+        tensors, meta = trainer.state()
+        if self.rank == 0:  # state() gathered the other ranks' RNG and positions
+            save(
+                self.dir,
+                step,
+                tensors,
+                meta,
+                self.fingerprint,
+                self.keep,
+                hook=lambda phase: pause_if(f"ckpt:{step}:{phase}"),
+            )
+        self.seconds += time.perf_counter() - started
+
+    def ensure_saved(self, trainer) -> None:
+        if self.saved_step != trainer.progress.global_step:
+            self.save(trainer)
+
+    def on_update(self, trainer) -> None:
+        step = trainer.progress.global_step
+        if step % self.every == 0 and step < trainer.total_steps:
+            self.save(trainer)

@@ -23,7 +23,7 @@ DEVICE_HELP = "where to run the model (default auto: CUDA, else MPS, else CPU), 
 
 def _validate(args: argparse.Namespace) -> int:
     from reprogate.specs import ModelSpec, iter_spec_files, load_spec
-    from reprogate.stages.train import prepared_steps
+    from reprogate.training import prepared_steps
 
     files = iter_spec_files([Path(p) for p in args.paths])
     if not files:
@@ -65,10 +65,10 @@ def _compile(args: argparse.Namespace) -> int:
 
 def _stage(args: argparse.Namespace) -> int:
     from reprogate import stages
+    from reprogate.pipeline import Context
 
     opt = lambda v: Path(v) if v else None  # noqa: E731
-    said = stages.run(
-        args.name,
+    ctx = Context(
         find_root(Path.cwd()),
         args.model,
         opt(args.spec),
@@ -76,6 +76,7 @@ def _stage(args: argparse.Namespace) -> int:
         opt(args.work_dir),
         args.skip_plan,
     )
+    said = stages.run(args.name, ctx).summary
     if said:  # empty from training ranks other than 0, and from their launcher
         print(said)
     return 0
@@ -159,7 +160,7 @@ def _read_inputs(args: argparse.Namespace) -> list[str]:
 def _predict(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from reprogate.inference import load_servable
+    from reprogate.production import load_servable
 
     texts = _read_inputs(args)
     target = Path(args.output) if args.output else None
@@ -221,7 +222,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from reprogate.plan import measure
     from reprogate.specs import ModelSpec, load_spec
-    from reprogate.stages.train import Paths, Setup
+    from reprogate.training import Paths, Setup
 
     root = find_root(Path.cwd())
     spec = Path(args.spec)

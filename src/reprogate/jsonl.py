@@ -38,3 +38,9 @@ def read_lines(path: Path) -> list[str]:
         ) from None
     lines = [line.removesuffix("\r") for line in text.split("\n")]
     return lines[:-1] if lines and lines[-1] == "" else lines
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """A JSON Lines file reprogate wrote (prepared splits), one object per line."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]

@@ -1,50 +1,44 @@
-"""What the pipeline runs: params.yaml's data, model and gate specs, validated together."""
+"""What every pipeline stage takes, returns and declares to DVC.
+
+A stage is one module under stages/ with `PER_MODEL`, `dvc(pipeline)` and `run(context)`:
+- PER_MODEL: None for a stage of the whole pipeline, else which models it runs for ("all",
+  "trained" or "ensembles"), one DVC `foreach` item each;
+- dvc(p): its data dependencies, params, outs, metrics and plots (`reprogate compile` adds the
+  command and its code dependencies, derived from its imports), or None when no model needs it;
+- run(ctx): does the work and returns a Result; a user mistake is a UserError.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
-from reprogate.errors import UserError
-from reprogate.specs import DataSpec, GateSpec, ModelSpec, load_params, load_spec
+from reprogate.records import Record
 
-# The production record (written only by `reprogate promote`, read by the gate and serving).
-PRODUCTION = Path("models/production.json")
-RESTORE_PRODUCTION = (
-    "only `reprogate promote` writes it: restore the committed record with "
-    "`git checkout HEAD -- models/production.json` (after a merge conflict, take one side whole)"
-)
-# A copy of each promoted model's files (an ensemble's members too), by model version:
-# production answers from here after a retrain, and a reverted promotion finds its files.
-PROMOTED = Path("models/.promoted")
+PerModel = Literal["all", "trained", "ensembles"] | None
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
-class Pipeline:
+class Context:
+    """`reprogate stage NAME [MODEL] [--spec ...]`, as every stage receives it."""
+
     root: Path
-    data: str
-    models: dict[str, ModelSpec]
-    gate: str
+    model: str | None = None  # the foreach item; None for the stages of the whole pipeline
+    spec: Path | None = None  # another spec file than the stage's default (resume_check's runs)
+    run_dir: Path | None = None  # train: checkpoints elsewhere than runs/<m>/
+    work_dir: Path | None = None  # train: everything of this run in one folder
+    skip_plan: bool = False  # train: no measured projection before training
+    log: Callable[[str], None] = field(default=_say)
 
 
-def load_pipeline(root: Path) -> Pipeline:
-    params = load_params(root)
-    load_spec(root / params.data, DataSpec)
-    load_spec(root / params.gate, GateSpec)
-    models = {}
-    for n in params.models:
-        m = load_spec(root / "specs" / "models" / f"{n}.yaml", ModelSpec)
-        if Path(m.data) != Path(params.data):
-            raise UserError(
-                f"specs/models/{n}.yaml: field 'data' is '{m.data}', but params.yaml runs the "
-                f"pipeline on '{params.data}'; make them the same."
-            )
-        models[n] = m
-    for n, m in models.items():
-        missing = [x for x in (m.ensemble.members if m.ensemble else []) if x not in models]
-        if missing:
-            raise UserError(
-                f"specs/models/{n}.yaml: ensemble.members {missing} are not in params.yaml 'models'; add "
-                "them (each member is trained, checked and gated as a candidate of its own)."
-            )
-    return Pipeline(root, params.data, models, params.gate)
+@dataclass(frozen=True)
+class Result:
+    summary: str  # the one line the stage ends with ("" from training ranks other than 0)
+    record: Record | None = None  # what it wrote, as its readers read it

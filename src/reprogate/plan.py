@@ -13,7 +13,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from reprogate import checkpoint, distributed
 from reprogate.errors import UserError
+from reprogate.runtime import device_peak_gb, peak_rss_gb
 
 # Memory is steady after the first updates; texts longer than those sampled can add a little.
 MEMORY_MARGIN = 1.10
@@ -49,9 +51,6 @@ class Plan:
 
 
 def measure(setup, warmup: int = 2, timed: int = 8, max_seconds: float = 20.0) -> Plan:
-    from reprogate import checkpoint
-    from reprogate.runtime import device_peak_gb, peak_rss_gb
-
     t_setup = time.perf_counter()
     trainer = setup.trainer()
     setup_s = setup.encode_s + (time.perf_counter() - t_setup)
@@ -62,8 +61,6 @@ def measure(setup, warmup: int = 2, timed: int = 8, max_seconds: float = 20.0) -
         n += 1
         slow = time.perf_counter() - start > max_seconds
         if trainer.world > 1:  # ranks stop measuring together, or one would wait in an update
-            from reprogate import distributed
-
             slow = any(distributed.gather(slow, trainer.world))
         if slow:
             break
@@ -113,4 +110,54 @@ def check_budget(plan: Plan, spec, spec_path: Path) -> None:
             f"{spec_path}: training refused before it started: {'; '.join(over)}. Measured on "
             f"{plan.device}: {plan.update_s * 1000:.1f} ms per update, {plan.total_steps} updates. "
             "Raise the budget, or lower steps/epochs, micro_batch or model size, or use a faster device."
+        )
+
+
+class BudgetWatchdog:
+    """Trainer callback: stops a run that passes budget.max_minutes or budget.max_memory_gb, with
+    its state checkpointed, rather than let it overrun or be killed by the OOM killer; warns once
+    when it is already twice its plan. Every rank decides alike (time and memory are gathered),
+    so all stop together."""
+
+    def __init__(self, spec, spec_path: Path, name: str, plan: Plan | None, device, since: float, saver, log):
+        self.spec, self.spec_path, self.name, self.plan, self.device = spec, spec_path, name, plan, device
+        self.since, self.saver, self.log, self.warned = since, saver, log, False
+
+    def over_budget(self, trainer) -> str | None:
+        minutes = (time.perf_counter() - self.since) / 60
+        memory = max(peak_rss_gb(), device_peak_gb(self.device) or 0.0)
+        if trainer.world > 1:  # the run's time is its slowest rank's, its memory all ranks' together
+            seen = distributed.gather((minutes, memory), trainer.world)
+            minutes, memory = max(m for m, _ in seen), sum(g for _, g in seen)
+        budget = self.spec.budget
+        if minutes > budget.max_minutes:
+            return f"{minutes:.2f} min of training passed budget.max_minutes {budget.max_minutes:g}"
+        if memory > budget.max_memory_gb:
+            return f"peak memory {memory:.2f} GB passed budget.max_memory_gb {budget.max_memory_gb:g}"
+        if self.plan and not self.warned and minutes > 2 * self.plan.projected_minutes:
+            self.warned = True
+            self.log(
+                f"warning: {minutes:.2f} min in, at update {trainer.progress.global_step} of "
+                f"{trainer.total_steps}: already twice the planned {self.plan.projected_minutes:.2f} min for "
+                "the whole run (is the machine busier than when it was measured?)"
+            )
+        return None
+
+    def on_update(self, trainer) -> None:
+        step = trainer.progress.global_step
+        why = self.over_budget(trainer) if step < trainer.total_steps else None
+        if not why:
+            return
+        self.saver.ensure_saved(trainer)
+        plan = self.plan
+        planned = (
+            f"; the plan projected {plan.projected_minutes:.2f} min, {plan.projected_memory_gb:.2f} GB"
+            if plan
+            else ""
+        )
+        raise UserError(
+            f"{self.spec_path}: training stopped at update {step} of {trainer.total_steps}: {why}{planned}. "
+            f"Update {step} is checkpointed in {self.saver.dir}, and the next run resumes from it "
+            f"(`dvc repro`, or `reprogate stage train {self.name}`) with the budget counted afresh; "
+            "raise the budget in the spec if the whole run needs more (the checkpoint is kept)."
         )

@@ -18,12 +18,25 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from reprogate import paths
 from reprogate.atomic import replace_dir
 from reprogate.errors import UserError, read_json
 from reprogate.hashing import sha256_file
-from reprogate.pipeline import PRODUCTION, PROMOTED, RESTORE_PRODUCTION
+from reprogate.model_folder import model_version, read_calibration
+from reprogate.paths import PRODUCTION, PROMOTED
+from reprogate.records import (
+    RESTORE_PRODUCTION,
+    DataRecord,
+    Decision,
+    Evaluation,
+    Fingerprint,
+    ModelConfig,
+    Promoted,
+    dumps,
+    load,
+    parse,
+)
 from reprogate.specs import load_params, load_spec, spec_hash
-from reprogate.stages.gate import read_decision
 
 STAGE = "prod"
 # What every file promote reads comes from: the pipeline's outputs.
@@ -57,6 +70,19 @@ def _dvc_status(root: Path) -> dict:
     return json.loads(proc.stdout or "{}")
 
 
+def read_decision(root: Path, fix: str) -> dict[str, Any]:
+    """metrics/gate.json, or one paragraph naming the file, what is wrong with it and `fix`."""
+    path = root / paths.GATE_DECISION
+    if not path.is_file():
+        raise UserError(f"{path} does not exist: run `dvc repro` (the gate stage) first.")
+    decision, why = parse(path, Decision)
+    if decision is not None and decision.passed and decision.chosen not in decision.candidates:
+        why = f"gate.json chose {decision.chosen!r}, which is not among its candidates"
+    if why:
+        raise UserError(f"{path}: {why}; it is not the gate's record as written. {fix}")
+    return decision.model_dump(mode="json", exclude_unset=True)
+
+
 def plan(root: Path) -> dict[str, Any]:
     """Everything promote would write, after every refusal check."""
     gate = read_decision(root, RERUN)
@@ -80,33 +106,7 @@ def plan(root: Path) -> dict[str, Any]:
         )
     name = gate["chosen"]
     cand = gate["candidates"][name]
-    model_dir = root / "models" / name
-    config = read_json(model_dir / "config.json", RERUN)
-    params = load_params(root)
-    data_metrics = read_json(root / "metrics" / "data.json", RERUN)
-    evaluation = read_json(root / "metrics" / name / "eval.json", RERUN)
-    record = {
-        "model": name,
-        "model_version": cand["model_version"],
-        "artifacts": {
-            str(p.relative_to(root)): sha256_file(p) for p in sorted(model_dir.rglob("*")) if p.is_file()
-        },
-        "data_sha256": data_metrics["sha256"],
-        "spec_hashes": {
-            f"specs/models/{name}.yaml": spec_hash(load_spec(root / "specs" / "models" / f"{name}.yaml")),
-            params.data: spec_hash(load_spec(root / params.data)),
-            params.gate: spec_hash(load_spec(root / params.gate)),
-        },
-        "code_commit": _git(root, "rev-parse", "HEAD"),
-        "heldout_accuracy": cand["heldout_accuracy"],
-        "heldout_accuracy_ci95": evaluation["sets"]["test"]["accuracy_ci95"],
-        "calibration": read_json(model_dir / "calibration.json", RERUN)["policy"]
-        | {"temperature": evaluation["temperature"]},
-        "family": config["family"],
-        "gate": {
-            r["rule"]: {k: r[k] for k in ("value", "op", "threshold", "verdict")} for r in cand["rules"]
-        },
-    }
+    record = _record(root, name, cand)
     n = next_number(root, name)
     lines = [_subject(name, cand["model_version"]), ""]
     for r in cand["rules"]:
@@ -116,24 +116,55 @@ def plan(root: Path) -> dict[str, Any]:
         value = f"{r['value']:.4f}" if isinstance(r["value"], float) else r["value"]
         note = f" ({r['note']})" if r.get("note") else ""
         lines.append(f"- {r['rule']}: {value} {r['op']} {r['threshold']} -> {r['verdict']}{note}")
-    lines += ["", f"gate: {'; '.join(gate['reasons'])}", f"code: {record['code_commit']}"]
+    lines += ["", f"gate: {'; '.join(gate['reasons'])}", f"code: {record.code_commit}"]
     return {"record": record, "tag": f"{name}#{STAGE}#{n}", "message": "\n".join(lines)}
+
+
+def _record(root: Path, name: str, cand: dict[str, Any]) -> Promoted:
+    """models/production.json for the gate's chosen candidate, from the pipeline's own files."""
+    model_dir = root / paths.model_dir(name)
+    config = load(model_dir / "config.json", ModelConfig, RERUN)
+    params = load_params(root)
+    data = load(root / paths.DATA_METRICS, DataRecord, RERUN)
+    evaluation = load(root / paths.metrics_dir(name) / "eval.json", Evaluation, RERUN)
+    policy = read_calibration(model_dir / "calibration.json").policy
+    return Promoted(
+        model=name,
+        model_version=cand["model_version"],
+        artifacts={
+            str(p.relative_to(root)): sha256_file(p) for p in sorted(model_dir.rglob("*")) if p.is_file()
+        },
+        data_sha256=data.sha256,
+        spec_hashes={
+            f"specs/models/{name}.yaml": spec_hash(load_spec(root / paths.model_spec(name))),
+            params.data: spec_hash(load_spec(root / params.data)),
+            params.gate: spec_hash(load_spec(root / params.gate)),
+        },
+        code_commit=_git(root, "rev-parse", "HEAD"),
+        heldout_accuracy=cand["heldout_accuracy"],
+        heldout_accuracy_ci95=evaluation.sets["test"].accuracy_ci95,
+        calibration={
+            "threshold": policy.threshold,
+            "margin": policy.margin,
+            "temperature": evaluation.temperature,
+        },
+        family=config.family,
+        gate={r["rule"]: {k: r[k] for k in ("value", "op", "threshold", "verdict")} for r in cand["rules"]},
+    )
 
 
 def keep_promoted(root: Path, name: str, version: str) -> Path:
     """Copy models/<name>/ (and an ensemble's member folders) to models/.promoted/<version>/:
     production then answers from these files after a retrain, and reverting a promotion finds
     the old model's files. Written whole (temporary folder, then rename) before the commit."""
-    from reprogate.inference import model_version  # imports torch: only when promoting
-
     dest = root / PROMOTED / version
     if dest.is_dir():
         return dest
-    fingerprint = read_json(root / "models" / name / "fingerprint.json", RERUN)
+    fingerprint = load(root / paths.model_dir(name) / "fingerprint.json", Fingerprint, RERUN)
     try:
         with replace_dir(dest) as tmp:
-            for folder in [name, *fingerprint.get("members", {})]:
-                shutil.copytree(root / "models" / folder, tmp / folder)
+            for folder in [name, *(fingerprint.members or {})]:
+                shutil.copytree(root / paths.model_dir(folder), tmp / folder)
             if (kept := model_version(tmp / name)) != version:
                 raise UserError(f"models/{name} holds {kept}, not the gate's {version}; run `dvc repro`.")
     except OSError as e:  # a full disk, say: nothing is committed without the copy
@@ -146,7 +177,8 @@ def keep_promoted(root: Path, name: str, version: str) -> Path:
 
 def promote(root: Path, dry_run: bool = False) -> str:
     p = plan(root)
-    record = p["record"]
+    written = dumps(p["record"])
+    record = json.loads(written)
     current = read_json(root / PRODUCTION, RESTORE_PRODUCTION) if (root / PRODUCTION).is_file() else {}
     if (current.get("model_version"), current.get("calibration")) == (
         record["model_version"],
@@ -170,12 +202,12 @@ def promote(root: Path, dry_run: bool = False) -> str:
         return (
             f"would write {PRODUCTION}, commit and tag {p['tag']}, and keep a copy of models/"
             f"{record['model']} in {PROMOTED / record['model_version']}:\n\n{p['message']}\n\n"
-            + json.dumps(record, indent=2, sort_keys=True)
+            + written.rstrip()
         )
     keep_promoted(root, record["model"], record["model_version"])
     path = root / PRODUCTION
     tracked = bool(_git(root, "ls-tree", "--name-only", "HEAD", "--", str(PRODUCTION), check=False))
-    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    path.write_text(written)
     _git(root, "add", str(PRODUCTION))
     proc = subprocess.run(
         ["git", "commit", "-q", "-F", "-", "--", str(PRODUCTION)],

@@ -29,8 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from reprogate.errors import UserError
-from reprogate.inference import load_servable as load
-from reprogate.inference import production_sha256
+from reprogate.production import load_servable as load
+from reprogate.production import production_sha256
 
 MAX_TEXT_CHARS = 1000
 MAX_BATCH = 64
@@ -233,8 +233,8 @@ def create_app(
         return {
             "model": cur.name,
             "model_version": cur.version,
-            "data_sha256": r.get("data_sha256"),
-            "code_commit": r.get("code_commit"),
+            "data_sha256": r.data_sha256 if r else None,
+            "code_commit": r.code_commit if r else None,
             "calibration": {
                 "temperature": cur.policy.temperature,
                 "threshold": cur.policy.threshold,

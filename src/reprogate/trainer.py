@@ -12,41 +12,24 @@ of one update resumes from the last committed checkpoint and replays that update
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import random
-import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from reprogate import checkpoint
+from reprogate import checkpoint, distributed
+from reprogate.data import TrainData
 from reprogate.errors import UserError
-from reprogate.runtime import rank_and_world
-
-PAUSE_ENV = "REPROGATE_PAUSE_AT"
-
-
-@dataclass
-class Example:
-    text: str
-    label: int
-
-
-@dataclass
-class TrainData:
-    examples: list[Example]
-    labels: list[str]  # output classes, in head order (vocabulary, then out_of_scope if used)
-    data_hash: str
+from reprogate.pause import pause_if
+from reprogate.runtime import rank_and_world, seed_everything
 
 
 class EpochSampler:
@@ -89,20 +72,10 @@ class Progress:
     lrs: list[float] = field(default_factory=list)
 
 
-def _pause_point() -> str | None:
-    return os.environ.get(PAUSE_ENV)
+class Callback(Protocol):
+    """Called after every optimizer update, on every rank (checkpoints, the budget watchdog)."""
 
-
-def pause_if(where: str) -> None:
-    """Stop dead at a named point so that a supervising process can SIGKILL us there.
-
-    Used by `resume_check` and the tests to kill at an exact micro-step or inside the
-    checkpoint protocol; a no-op unless REPROGATE_PAUSE_AT names this point.
-    """
-    if _pause_point() == where:
-        print(f"REPROGATE-PAUSED {where}", flush=True)
-        while True:
-            signal.pause()
+    def on_update(self, trainer: Trainer) -> None: ...
 
 
 class Trainer:
@@ -126,8 +99,6 @@ class Trainer:
         self.labels = torch.tensor([e.label for e in data.examples], dtype=torch.long)
         self.progress = Progress()
         if self.world > 1:
-            from reprogate.runtime import seed_everything
-
             # Same initial weights on every rank (seeded before the model was built), but each
             # rank its own dropout draws from here on.
             seed_everything(spec.seed * 1000 + self.rank, spec.threads, device)
@@ -160,8 +131,6 @@ class Trainer:
         }
         position = {r: p.position}
         if self.world > 1:  # rank 0 writes the checkpoint: it holds every rank's RNG and position
-            from reprogate import distributed
-
             # As numpy arrays: torch tensors do not survive all_gather_object's pickling.
             mine = ({k: v.cpu().numpy() for k, v in rng.items()}, rng_meta, position)
             for other in distributed.gather(mine, self.world):
@@ -254,8 +223,6 @@ class Trainer:
             if j + 1 < len(group):
                 pause_if(f"micro:{self.progress.global_step + 1}.{j + 1}")
         if self.world > 1:
-            from reprogate import distributed
-
             distributed.average_gradients(self.optimizer.param_groups[0]["params"], self.world)
             total = distributed.mean(total, self.device, self.world)
         if self.spec.optimizer.grad_clip is not None:
@@ -268,7 +235,7 @@ class Trainer:
 
     def fit(
         self,
-        on_update: Callable[[Trainer], None] | None = None,
+        callbacks: Sequence[Callback] = (),
         max_updates: int | None = None,
         show_progress: bool = True,
     ) -> int:
@@ -309,8 +276,8 @@ class Trainer:
                     bar.set_postfix(
                         loss=f"{loss:.4f}", ex_s=f"{seen / (time.perf_counter() - start):.0f}", refresh=False
                     )
-                    if on_update:
-                        on_update(self)
+                    for c in callbacks:
+                        c.on_update(self)
                     pause_if(f"step:{p.global_step}")
                     if p.position == 0:
                         break  # next epoch: draw its order
@@ -332,8 +299,3 @@ def total_steps(spec, n_examples: int) -> int:
     # that draws them, so the two cannot disagree.
     sampler = EpochSampler(n_examples, spec.micro_batch, spec.seed, world=spec.processes)
     return spec.epochs * math.ceil(sampler.micro_batches_per_epoch() / spec.grad_accum)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f]

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from reprogate.errors import UserError
 from reprogate.hashing import sha256_file
-from reprogate.models import ragged_to_tensors, tensors_to_ragged
+from reprogate.models.base import ragged_to_tensors, tensors_to_ragged
 from reprogate.specs import ModelSpec, resolve_encoder_path
 
 

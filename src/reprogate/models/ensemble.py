@@ -13,12 +13,17 @@ a member's, so it also serves as the vote's temperature.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 
+from reprogate import paths
 from reprogate.hashing import sha256_file
+from reprogate.models.base import Featurizer
 from reprogate.specs import ModelSpec, NeighboursConfig
 
 MEMORY = Path("assets") / "neighbours.safetensors"
@@ -44,14 +49,10 @@ class Neighbours:
 
     @classmethod
     def load(cls, path: Path, config: NeighboursConfig, n_out: int) -> Neighbours:
-        from safetensors.torch import load_file
-
         t = load_file(str(path))
         return cls(config, t["embedding"], t["label"], n_out)
 
     def save(self, path: Path) -> None:
-        from safetensors.torch import save_file
-
         path.parent.mkdir(parents=True, exist_ok=True)
         save_file({"embedding": self.embedding.half().contiguous(), "label": self.label}, str(path))
 
@@ -67,33 +68,40 @@ class Neighbours:
         return torch.cat(out) if out else torch.zeros(0, self.n_out)
 
 
-class EnsembleFeaturizer:
-    MEMORY = MEMORY  # for Scorer, which loads it without importing this module
+class Member(Protocol):
+    """A calibrated member as the ensemble scores it (a loaded model folder, see model_folder)."""
 
-    def __init__(self, root: Path, members: list[str], neighbours: NeighboursConfig | None = None):
-        self.root, self.members, self.near = root, members, neighbours
+    name: str
+    featurizer: Featurizer
+    temperature: float
+
+    def text_logits(self, texts: list[str]) -> torch.Tensor: ...
+
+    def logits_for(self, feats) -> torch.Tensor: ...
+
+    def split_logits(self, split: str) -> torch.Tensor: ...
+
+    def split_features(self, split: str): ...
+
+
+class EnsembleFeaturizer:
+    truncated = 0  # members count their own
+
+    def __init__(self, members: list[str], neighbours: NeighboursConfig | None, models_dir: Path):
+        self.members, self.near = members, neighbours
         self.neighbours: Neighbours | None = None  # set by combine@e, or loaded with the model
-        self.models_dir = root / "models"  # where the member folders are (or a promoted copy)
-        # Where members are scored (auto|cpu|cuda|mps); None: each on its own spec's device.
-        # Not `device`: stages set that name to a torch.device on featurizers that have it.
-        self.member_device: str | None = None
-        self._scorers = None
+        self.models_dir = models_dir  # where the member folders are (or a promoted copy)
+        # Whoever loads the ensemble says how its members are loaded (and on which device):
+        # models never import the code that reads a model folder.
+        self.load_members: Callable[[], list[Member]] | None = None
+        self._scorers: list[Member] | None = None
         self._key: tuple[Path, dict] | None = None
 
-    def scorers(self):
+    def scorers(self) -> list[Member]:
         if self._scorers is None:
-            from reprogate.inference import Scorer
-
-            self._scorers = [
-                (Scorer(self.root, m, self.models_dir / m, self.member_device), self._temperature(m))
-                for m in self.members
-            ]
+            assert self.load_members is not None, "the ensemble's loader binds its members first"
+            self._scorers = self.load_members()
         return self._scorers
-
-    def _temperature(self, member: str) -> float:
-        from reprogate.inference import Policy
-
-        return Policy.load(self.models_dir / member / "calibration.json").temperature
 
     @staticmethod
     def _stack(logits_per_member) -> torch.Tensor:
@@ -106,8 +114,8 @@ class EnsembleFeaturizer:
         """What each slice of the features is: the members, then the neighbour vote."""
         return self.members + (["neighbours"] if self.near else [])
 
-    def _near_member(self):
-        return self.scorers()[self.members.index(self.near.member)][0]
+    def _near_member(self) -> Member:
+        return self.scorers()[self.members.index(self.near.member)]
 
     def _with_vote(self, stacked: torch.Tensor, embeddings) -> torch.Tensor:
         if self.near is None:
@@ -117,26 +125,26 @@ class EnsembleFeaturizer:
 
     def encode(self, texts: list[str]) -> torch.Tensor:
         if self.near is None:
-            return self._stack([(s.text_logits(texts), t) for s, t in self.scorers()])
+            return self._stack([(s.text_logits(texts), s.temperature) for s in self.scorers()])
         # The neighbours member's embeddings serve its head and the vote: encoded once.
         near = self._near_member()
         embeddings = near.featurizer.encode(texts)
         stacked = self._stack(
-            [(s.logits_for(embeddings) if s is near else s.text_logits(texts), t) for s, t in self.scorers()]
+            [
+                (s.logits_for(embeddings) if s is near else s.text_logits(texts), s.temperature)
+                for s in self.scorers()
+            ]
         )
         return self._with_vote(stacked, embeddings)
 
     def split(self, name: str) -> torch.Tensor:
         """Members' calibrated log-probabilities on a prepared split (their cached features)."""
-        stacked = self._stack([(s.split_logits(name), t) for s, t in self.scorers()])
+        stacked = self._stack([(s.split_logits(name), s.temperature) for s in self.scorers()])
         return self._with_vote(stacked, self.member_split(name)) if self.near else stacked
 
     def member_split(self, name: str) -> torch.Tensor:
         """The neighbours member's cached embeddings of a prepared split."""
-        from reprogate.stages.features import split_features
-
-        s = self._near_member()
-        return split_features(self.root, s.name, s.featurizer, name)
+        return self._near_member().split_features(name)
 
     def collate(self, feats) -> dict[str, torch.Tensor]:
         return {"logp": torch.stack(list(feats))}
@@ -184,5 +192,5 @@ class EnsembleCombiner(nn.Module):
 
 
 def build(spec: ModelSpec, n_out: int, root: Path):
-    feat = EnsembleFeaturizer(root, spec.ensemble.members, spec.ensemble.neighbours)
+    feat = EnsembleFeaturizer(spec.ensemble.members, spec.ensemble.neighbours, root / paths.MODELS)
     return EnsembleCombiner(len(feat.parts())), feat

@@ -13,13 +13,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from reprogate.models import ragged_to_tensors, tensors_to_ragged
+from reprogate.models.base import ragged_to_tensors, tensors_to_ragged
 from reprogate.specs import ModelSpec
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 
 
 class NgramFeaturizer:
+    truncated = 0  # every text is hashed whole
+
     def __init__(self, word: list[int], char: list[int], buckets: int):
         self.word, self.char, self.buckets = tuple(word), tuple(char), buckets
 

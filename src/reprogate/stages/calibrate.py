@@ -11,16 +11,14 @@ The test set and the evaluation-only sets are never read here.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from reprogate.inference import (
+from reprogate.calibration import (
     TEMPERATURE_RANGE,
-    Scorer,
     ece,
     fit_policy,
     fit_temperature,
@@ -28,21 +26,30 @@ from reprogate.inference import (
     rows_to_certify,
     separable,
 )
-from reprogate.specs import DataSpec, GateSpec, load_spec
-from reprogate.stages.features import prepared_file
-from reprogate.trainer import read_jsonl
+from reprogate.data import gold_indices, rows
+from reprogate.model_folder import TRAIN_FILES, Scorer
+from reprogate.pipeline import Context, Result
+from reprogate.records import CalibrationRecord, write
+from reprogate.specs import DataSpec, GateSpec, Pipeline, load_pipeline, load_spec
+
+PER_MODEL = "all"
 
 
-def gold_indices(rows: list[dict], labels: list[str]) -> np.ndarray:
-    index = {lbl: i for i, lbl in enumerate(labels)}
-    return np.array([index[r["label"]] for r in rows])
+def dvc(p: Pipeline) -> dict[str, Any]:
+    return {
+        "deps": ["data/prepared", "data/features/${key}", *(f"models/${{key}}/{f}" for f in TRAIN_FILES)],
+        # The routing policy is fitted to the gate's action limits and the data's OOS sets.
+        # Whole files: a spec may leave those keys to their defaults.
+        "params": [{p.gate: None}, {p.data: None}],
+        "outs": ["models/${key}/calibration.json"],
+    }
 
 
-def run(root: Path, name: str, gate_path: Path) -> dict[str, Any]:
+def calibrate(root: Path, name: str, gate_path: Path) -> dict[str, Any]:
     scorer = Scorer(root, name)
     data = load_spec(root / scorer.spec.data, DataSpec)
     gate = load_spec(gate_path, GateSpec)
-    gold = gold_indices(read_jsonl(prepared_file(root, "calibration")), scorer.labels)
+    gold = gold_indices(rows(root, "calibration"), scorer.labels)
     logits = scorer.split_logits("calibration")
     temperature = fit_temperature(logits, torch.from_numpy(gold))
     before, after = probabilities(logits), probabilities(logits, temperature)
@@ -84,7 +91,7 @@ def run(root: Path, name: str, gate_path: Path) -> dict[str, Any]:
     all_right = separable(logits, torch.from_numpy(gold))
     # Kept with the fit, so whoever reads the model's calibration (or promotes it) sees them too.
     result["warnings"] = warnings(result, gate.policy_fit.confidence, scorer.spec.data, all_right)
-    (scorer.dir / "calibration.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    write(scorer.dir / "calibration.json", CalibrationRecord.model_validate(result))
     return result
 
 
@@ -138,3 +145,8 @@ def summary(name: str, r: dict[str, Any]) -> str:
         f"{r['policy']['margin']:.6g} (coverage {c['coverage']:.3f} on calibration data)"
     )
     return "; ".join([line, *r.get("warnings", [])])
+
+
+def run(ctx: Context) -> Result:
+    gate = ctx.root / load_pipeline(ctx.root).gate
+    return Result(summary(ctx.model, calibrate(ctx.root, ctx.model, gate)))

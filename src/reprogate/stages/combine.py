@@ -7,22 +7,38 @@ calibrate@e, evaluate@e and the gate treat it like any other candidate.
 
 from __future__ import annotations
 
-import json
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
+from reprogate import paths
+from reprogate.calibration import separable
+from reprogate.data import gold_indices, rows, splits, write_features
 from reprogate.errors import UserError, read_json
-from reprogate.inference import damaged, separable
-from reprogate.models.ensemble import MEMORY, EnsembleCombiner, EnsembleFeaturizer, Neighbours
-from reprogate.specs import OOS_LABEL, ModelSpec, load_spec, spec_hash
-from reprogate.stages.calibrate import gold_indices
-from reprogate.stages.features import prepared_file, splits, write
-from reprogate.trainer import read_jsonl
+from reprogate.model_folder import TRAIN_FILES, Scorer, damaged, export_ensemble
+from reprogate.models.ensemble import EnsembleCombiner, EnsembleFeaturizer, Neighbours
+from reprogate.pipeline import Context, Result
+from reprogate.records import CombineRecord, write
+from reprogate.specs import OOS_LABEL, ModelSpec, Pipeline, load_spec
+
+PER_MODEL = "ensembles"
+MAX_MEMBERS = 4  # DVC templates take scalars only: four member slots, the last member repeated
+
+
+def dvc(p: Pipeline) -> dict[str, Any]:
+    members = [
+        f"models/${{item.m{i + 1}}}/{f}"
+        for i in range(MAX_MEMBERS)
+        for f in ("model.safetensors", "calibration.json")
+    ]
+    return {
+        "deps": ["data/prepared", *members],
+        "params": [{"specs/models/${key}.yaml": None}],
+        "outs": ["data/features/${key}", *(f"models/${{key}}/{f}" for f in TRAIN_FILES)],
+        "metrics": [{"metrics/${key}/train.json": {"cache": False}}],
+    }
 
 
 def fit_weights(logp: torch.Tensor, gold: torch.Tensor, k: int) -> tuple[EnsembleCombiner, bool]:
@@ -53,7 +69,7 @@ def neighbours_memory(root: Path, feat: EnsembleFeaturizer, labels: list[str]) -
     the negatives (as out of scope) when the members have an out-of-scope class. Never the
     calibration partition, on which the vote's weight is fitted."""
     embeddings = feat.member_split("train")
-    gold = torch.from_numpy(gold_indices(read_jsonl(prepared_file(root, "train")), labels))
+    gold = torch.from_numpy(gold_indices(rows(root, "train"), labels))
     if OOS_LABEL in labels:
         negatives = feat.member_split("negatives")
         embeddings = torch.cat([embeddings, negatives])
@@ -61,87 +77,72 @@ def neighbours_memory(root: Path, feat: EnsembleFeaturizer, labels: list[str]) -
     return Neighbours.from_features(feat.near, embeddings, gold, len(labels))
 
 
-def run(root: Path, name: str) -> dict[str, Any]:
-    started = time.perf_counter()
-    spec_path = root / "specs" / "models" / f"{name}.yaml"
-    spec = load_spec(spec_path, ModelSpec)
+def _members(root: Path, spec_path: Path, spec: ModelSpec) -> tuple[EnsembleFeaturizer, list[str]]:
+    """The ensemble's featurizer over its calibrated members in models/, and their output labels."""
     members = spec.ensemble.members
     for m in members:
-        if not (root / "models" / m / "calibration.json").is_file():
+        if not (root / paths.model_dir(m) / "calibration.json").is_file():
             raise UserError(
                 f"{spec_path}: ensemble member '{m}' has no calibrated model in models/{m}; run "
                 f"`dvc repro calibrate@{m}` (which trains it first if needed), then combine again."
             )
-    labels = [read_json(root / "models" / m / "labels.json", damaged(root / "models" / m)) for m in members]
+    labels = [
+        read_json(root / paths.model_dir(m) / "labels.json", damaged(root / paths.model_dir(m)))
+        for m in members
+    ]
     if any(lbl != labels[0] for lbl in labels):
         raise UserError(
             f"{spec_path}: ensemble.members {members} have different output labels; retrain them "
             "on the same data spec with the same head.out_of_scope_class."
         )
-    feat = EnsembleFeaturizer(root, members, spec.ensemble.neighbours)
+    feat = EnsembleFeaturizer(members, spec.ensemble.neighbours, root / paths.MODELS)
+    feat.load_members = lambda: [Scorer(root, m) for m in members]
     if feat.near:
         feat.neighbours = neighbours_memory(root, feat, labels[0])
+    return feat, labels[0]
+
+
+def combine(root: Path, name: str) -> dict[str, Any]:
+    started = time.perf_counter()
+    spec_path = root / paths.model_spec(name)
+    spec = load_spec(spec_path, ModelSpec)
+    feat, labels = _members(root, spec_path, spec)
     cached: dict[str, torch.Tensor] = {}
 
     def score(split: str):
         cached[split] = feat.split(split)
         return cached[split], {}
 
-    write(root, name, feat, splits(root, spec), score)
+    write_features(root, name, feat, splits(root, spec), score)
 
-    gold = torch.from_numpy(gold_indices(read_jsonl(prepared_file(root, "calibration")), labels[0]))
+    gold = torch.from_numpy(gold_indices(rows(root, "calibration"), labels))
     parts = feat.parts()
     model, fitted = fit_weights(cached["calibration"], gold, len(parts))
     with torch.no_grad():
         nll = float(torch.nn.functional.cross_entropy(model(cached["calibration"]), gold))
-        vgold = gold_indices(read_jsonl(prepared_file(root, "validation")), labels[0])
+        vgold = gold_indices(rows(root, "validation"), labels)
         val_acc = float((model(cached["validation"]).argmax(-1).numpy() == vgold).mean())
         member_acc = {
             m: float((cached["validation"][:, i].argmax(-1).numpy() == vgold).mean())
             for i, m in enumerate(parts)
         }
-    weights = {m: float(w) for m, w in zip(parts, model.weights().detach(), strict=True)}
-
-    model_dir = root / "models" / name
-    model_dir.mkdir(parents=True, exist_ok=True)
-    for f in ("model.safetensors", "config.json", "labels.json", "fingerprint.json", "assets"):
-        p = model_dir / f
-        shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
-    (model_dir / "assets").mkdir()
-    (model_dir / "assets" / "members.json").write_text(json.dumps(feat.key(), indent=2) + "\n")
-    if feat.neighbours is not None:
-        feat.neighbours.save(model_dir / MEMORY)
-    save_file(
-        {k: v.detach().contiguous() for k, v in model.state_dict().items()},
-        str(model_dir / "model.safetensors"),
+    export_ensemble(root / paths.model_dir(name), spec, model, feat, labels)
+    unfitted = {
+        "weights_note": f"the members' combination got all {len(gold)} calibration queries right, so they "
+        "cannot say how sharp the ensemble should be: weights rescaled to sum to 1; add calibration "
+        f"data (split.calibration in {spec.data})"
+    }
+    record = CombineRecord(
+        members=spec.ensemble.members,
+        weights={m: float(w) for m, w in zip(parts, model.weights().detach(), strict=True)},
+        calibration_nll=nll,
+        validation_accuracy=val_acc,
+        member_validation_accuracy=member_acc,
+        wall_s=round(time.perf_counter() - started, 2),
+        **({} if fitted else unfitted),
     )
-    config = {
-        "family": "ensemble",
-        "n_out": len(labels[0]),
-        "featurizer": feat.key(),
-        "spec": spec.model_dump(mode="json"),
-    }
-    (model_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    (model_dir / "labels.json").write_text(json.dumps(labels[0], indent=1, ensure_ascii=False) + "\n")
-    fingerprint = {"spec_hash": spec_hash(spec), "members": feat.key()["members"]}
-    (model_dir / "fingerprint.json").write_text(json.dumps(fingerprint, indent=2, sort_keys=True) + "\n")
-    metrics = {
-        "members": members,
-        "weights": weights,
-        "calibration_nll": nll,
-        "validation_accuracy": val_acc,
-        "member_validation_accuracy": member_acc,
-        "wall_s": round(time.perf_counter() - started, 2),
-    }
-    if not fitted:
-        metrics["weights_note"] = (
-            f"the members' combination got all {len(gold)} calibration queries right, so they cannot "
-            "say how sharp the ensemble should be: weights rescaled to sum to 1; add calibration "
-            f"data (split.calibration in {spec.data})"
-        )
-    (root / "metrics" / name).mkdir(parents=True, exist_ok=True)
-    (root / "metrics" / name / "train.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
-    return metrics
+    write(root / paths.metrics_dir(name) / "train.json", record)
+    return record.model_dump(mode="json", exclude_unset=True)
 
 
 def summary(name: str, m: dict[str, Any]) -> str:
@@ -152,3 +153,7 @@ def summary(name: str, m: dict[str, Any]) -> str:
         f"(members: {members}) in {m['wall_s']:.1f} s"
     )
     return "; ".join([line, m["weights_note"]]) if "weights_note" in m else line
+
+
+def run(ctx: Context) -> Result:
+    return Result(summary(ctx.model, combine(ctx.root, ctx.model)))

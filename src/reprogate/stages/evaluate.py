@@ -16,24 +16,48 @@ from typing import Any
 
 import numpy as np
 
-from reprogate import jsonl
+from reprogate import jsonl, paths
+from reprogate.calibration import Policy, act_mask, confidence_margin, ece, prediction, probabilities
+from reprogate.data import gold_indices, prepared_file
 from reprogate.errors import read_json
 from reprogate.hashing import sha256_file
-from reprogate.inference import (
-    Policy,
-    Scorer,
-    act_mask,
-    confidence_margin,
-    ece,
-    model_version,
-    prediction,
-    probabilities,
-)
-from reprogate.specs import DataSpec, load_spec
-from reprogate.stages.features import prepared_file
-from reprogate.trainer import read_jsonl
+from reprogate.jsonl import read_jsonl
+from reprogate.model_folder import TRAIN_FILES, Scorer, model_version, read_calibration
+from reprogate.pipeline import Context, Result
+from reprogate.records import Evaluation, write
+from reprogate.specs import DataSpec, Pipeline, load_spec
 
 BOOTSTRAP = 1000
+PER_MODEL = "all"
+
+
+def dvc(p: Pipeline) -> dict[str, Any]:
+    return {
+        "deps": [
+            "data/prepared",
+            "data/features/${key}",
+            *(f"models/${{key}}/{f}" for f in TRAIN_FILES),
+            "models/${key}/calibration.json",
+        ],
+        "params": [{p.data: None}],
+        "outs": ["predictions/${key}"],
+        "metrics": [
+            {"metrics/${key}/eval.json": {"cache": False}},
+            {"metrics/${key}/per_intent.json": {"cache": False}},
+        ],
+        "plots": [
+            {
+                "plots/${key}/confusion.json": {
+                    "template": "confusion",
+                    "x": "predicted",
+                    "y": "actual",
+                    "cache": False,
+                }
+            },
+            {"plots/${key}/reliability.json": {"x": "confidence", "y": "accuracy", "cache": False}},
+            {"plots/${key}/coverage.json": {"x": "coverage", "y": "accuracy", "cache": False}},
+        ],
+    }
 
 
 def per_class(
@@ -72,22 +96,21 @@ def eval_sets(data: DataSpec) -> dict[str, str]:
     return sets
 
 
-def run(root: Path, name: str) -> dict[str, Any]:
+def evaluate(root: Path, name: str) -> dict[str, Any]:
     scorer = Scorer(root, name)
     calibration_path = scorer.dir / "calibration.json"
-    calibration = read_json(calibration_path, f"run `dvc repro calibrate@{name}` first.")
-    policy = Policy.from_calibration(calibration, calibration_path)
+    calibration = read_calibration(
+        calibration_path, read_json(calibration_path, f"run `dvc repro calibrate@{name}` first.")
+    )
+    policy = Policy.of(calibration)
     data = load_spec(root / scorer.spec.data, DataSpec)
-    labels, oos = scorer.labels, scorer.oos_index
-    n_labels = len(data.labels)
-    index = {lbl: i for i, lbl in enumerate(labels)}
     version = model_version(scorer.dir)
 
-    pred_dir = root / "predictions" / name
+    pred_dir = root / paths.predictions_dir(name)
     if pred_dir.exists():
         shutil.rmtree(pred_dir)
     pred_dir.mkdir(parents=True)
-    plots = root / "plots" / name
+    plots = root / paths.plots_dir(name)
     plots.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
     per_intent: dict[str, Any] = {}
@@ -95,78 +118,88 @@ def run(root: Path, name: str) -> dict[str, Any]:
         source = prepared_file(root, split)
         rows = read_jsonl(source)
         logits = scorer.split_logits(split)
-        raw, cal = probabilities(logits), probabilities(logits, policy.temperature)
-        act = act_mask(cal, policy, oos)
-        with open(pred_dir / f"{split}.jsonl", "w", encoding="utf-8") as f:
-            for r, p in zip(rows, cal, strict=True):
-                said = prediction(p, labels, policy, oos)
-                # DESIGN's name in prediction files is `predicted`, beside `gold`; a Prediction
-                # object from predict or serve calls the same answer `intent`.
-                obj = {
-                    "id": r["id"],
-                    "text": r["text"],
-                    "gold": r["label"],
-                    "predicted": said.pop("intent"),
-                    **said,
-                    "model_version": version,
-                }
-                f.write(jsonl.line(obj))
+        cal = probabilities(logits, policy.temperature)
+        _write_predictions(pred_dir / f"{split}.jsonl", rows, cal, scorer, policy, version)
         # The content hash lets the gate refuse to compare accuracies measured on different data.
-        set_hash = sha256_file(source)
+        head = {"kind": kind, "n": len(rows), "data_sha256": sha256_file(source)}
+        act = act_mask(cal, policy, scorer.oos_index)
         if kind == "out_of_scope":
             results[split] = {
-                "kind": kind,
-                "n": len(rows),
-                "data_sha256": set_hash,
+                **head,
                 "false_positive_action_rate": float(act.mean()),
                 "coverage": float(act.mean()),
             }
             continue
-        gold = np.array([index[r["label"]] for r in rows])
-        pred = cal.argmax(1)
-        correct = pred == gold
-        ece_before, bins_before = ece(raw, gold)
-        ece_after, bins_after = ece(cal, gold)
-        n_act = int(act.sum())
-        results[split] = {
-            "kind": kind,
-            "n": len(rows),
-            "data_sha256": set_hash,
-            "accuracy": float(correct.mean()),
-            "macro_f1": macro_f1(gold, pred, n_labels),
-            **bootstrap_ci(gold, pred, n_labels),
-            "ece_before": ece_before,
-            "ece_after": ece_after,
-            "nll": float(-np.log(np.clip(cal[np.arange(len(gold)), gold], 1e-12, None)).mean()),
-            "coverage": n_act / len(rows),
-            "acted_accuracy": float(correct[act].mean()) if n_act else None,
-            "wrong_action_rate": float((act & ~correct).sum() / n_act) if n_act else 0.0,
-        }
-        p, r_, f1, support = per_class(gold, pred, len(labels))
-        per_intent[split] = {
-            labels[i]: {
-                "precision": float(p[i]),
-                "recall": float(r_[i]),
-                "f1": float(f1[i]),
-                "support": int(support[i]),
-            }
-            for i in range(n_labels)
-        }
+        raw = probabilities(logits)
+        gold = gold_indices(rows, scorer.labels)
+        results[split], per_intent[split], bins = _labelled(
+            head, gold, raw, cal, act, scorer.labels, len(data.labels)
+        )
         if split == "test":
-            _plots(plots, labels, gold, pred, cal, bins_before, bins_after)
-    metrics = {
-        "heldout": "test",
-        "device": scorer.device.type,
-        "model_version": version,
-        "temperature": policy.temperature,
-        "policy": calibration["policy"],
-        "sets": results,
-    }
-    out = root / "metrics" / name
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "eval.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+            _plots(plots, scorer.labels, gold, cal.argmax(1), cal, *bins)
+    metrics = Evaluation(
+        heldout="test",
+        device=scorer.device.type,
+        model_version=version,
+        temperature=policy.temperature,
+        policy=calibration.policy,
+        sets=results,
+    )
+    out = root / paths.metrics_dir(name)
+    write(out / "eval.json", metrics)
     (out / "per_intent.json").write_text(json.dumps(per_intent, indent=1, sort_keys=True) + "\n")
-    return metrics
+    return metrics.model_dump(mode="json", exclude_unset=True)
+
+
+def _write_predictions(
+    path: Path, rows: list[dict], cal: np.ndarray, scorer: Scorer, policy, version
+) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for r, p in zip(rows, cal, strict=True):
+            said = prediction(p, scorer.labels, policy, scorer.oos_index)
+            # DESIGN's name in prediction files is `predicted`, beside `gold`; a Prediction
+            # object from predict or serve calls the same answer `intent`.
+            obj = {
+                "id": r["id"],
+                "text": r["text"],
+                "gold": r["label"],
+                "predicted": said.pop("intent"),
+                **said,
+                "model_version": version,
+            }
+            f.write(jsonl.line(obj))
+
+
+def _labelled(head: dict, gold: np.ndarray, raw, cal, act, labels: list[str], n_labels: int):
+    """A labelled set's metrics, its per-intent precision, recall and F1, and its reliability
+    diagram before and after calibration."""
+    pred = cal.argmax(1)
+    correct = pred == gold
+    n_act = int(act.sum())
+    (ece_before, bins_before), (ece_after, bins_after) = ece(raw, gold), ece(cal, gold)
+    result = {
+        **head,
+        "accuracy": float(correct.mean()),
+        "macro_f1": macro_f1(gold, pred, n_labels),
+        **bootstrap_ci(gold, pred, n_labels),
+        "ece_before": ece_before,
+        "ece_after": ece_after,
+        "nll": float(-np.log(np.clip(cal[np.arange(len(gold)), gold], 1e-12, None)).mean()),
+        "coverage": n_act / len(gold),
+        "acted_accuracy": float(correct[act].mean()) if n_act else None,
+        "wrong_action_rate": float((act & ~correct).sum() / n_act) if n_act else 0.0,
+    }
+    p, r, f1, support = per_class(gold, pred, len(labels))
+    per_intent = {
+        labels[i]: {
+            "precision": float(p[i]),
+            "recall": float(r[i]),
+            "f1": float(f1[i]),
+            "support": int(support[i]),
+        }
+        for i in range(n_labels)
+    }
+    return result, per_intent, (bins_before, bins_after)
 
 
 def _plots(plots: Path, labels, gold, pred, cal, bins_before, bins_after) -> None:
@@ -204,3 +237,7 @@ def summary(name: str, m: dict[str, Any]) -> str:
         f"{t['accuracy_ci95'][1]:.4f}], ECE {t['ece_before']:.4f} -> {t['ece_after']:.4f}, coverage "
         f"{t['coverage']:.3f}, wrong-action {t['wrong_action_rate']:.4f}; " + ", ".join(oos)
     )
+
+
+def run(ctx: Context) -> Result:
+    return Result(summary(ctx.model, evaluate(ctx.root, ctx.model)))

@@ -16,19 +16,30 @@ import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from reprogate import jsonl
+from reprogate import jsonl, paths
 from reprogate.atomic import replace_dir
 from reprogate.errors import UserError
 from reprogate.fetch import fetch_origin
 from reprogate.hashing import sha256_file
-from reprogate.specs import DataSpec, Normalization, Table, find_root, load_spec
+from reprogate.pipeline import Context, Result
+from reprogate.records import DataRecord, write
+from reprogate.specs import DataSpec, Normalization, Pipeline, Table, find_root, load_pipeline, load_spec
 from reprogate.text import canonical
 
-PREPARED = Path("data/prepared")
-DATA_METRICS = Path("metrics/data.json")
+PER_MODEL = None
+
+
+def dvc(p: Pipeline) -> dict[str, Any]:
+    return {
+        "deps": [],
+        "params": [{p.data: None}],
+        "outs": ["data/prepared"],
+        "metrics": [{"metrics/data.json": {"cache": False}}],
+    }
 
 
 @dataclass
@@ -277,8 +288,8 @@ def prepare(
     spec_path: Path, root: Path | None = None, out_dir: Path | None = None, metrics_path: Path | None = None
 ) -> dict:
     root = root or find_root(spec_path.parent)
-    out_dir = out_dir or root / PREPARED
-    metrics_path = metrics_path or root / DATA_METRICS
+    out_dir = out_dir or root / paths.PREPARED
+    metrics_path = metrics_path or root / paths.DATA_METRICS
     spec = load_spec(spec_path, DataSpec)
 
     files = {n: fetch_origin(n, o, spec_path, root) for n, o in spec.origins.items()}
@@ -345,8 +356,7 @@ def prepare(
         "sha256": hashes,
         "raw_sha256": {f"{o}/{f}": s for o, org in spec.origins.items() for f, s in org.files.items()},
     }
-    metrics_path.parent.mkdir(parents=True, exist_ok=True)
-    metrics_path.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    write(metrics_path, DataRecord.model_validate(metrics))
     return metrics
 
 
@@ -364,3 +374,7 @@ def summary(m: dict) -> str:
     rows = ", ".join(f"{n} {c}" for n, c in m["rows"].items())
     dropped = sum(sum(d.values()) for d in m["dropped"].values())
     return f"prepare: {m['dataset']}: {rows}; {dropped} rows dropped (by reason in metrics/data.json)"
+
+
+def run(ctx: Context) -> Result:
+    return Result(summary(prepare(ctx.spec or ctx.root / load_pipeline(ctx.root).data, ctx.root)))

@@ -14,7 +14,6 @@ On CPU the tolerance is zero: every tensor must be bitwise equal.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import shutil
@@ -28,10 +27,25 @@ from typing import Any
 import torch
 import yaml
 
-from reprogate import checkpoint
+from reprogate import checkpoint, paths
 from reprogate.errors import UserError
-from reprogate.specs import ModelSpec, load_spec
-from reprogate.trainer import PAUSE_ENV
+from reprogate.pause import PAUSE_ENV
+from reprogate.pipeline import Context, Result
+from reprogate.records import ResumeRecord, write
+from reprogate.specs import ModelSpec, Pipeline, load_spec
+
+PER_MODEL = "trained"
+# It runs the train stage as child processes: that stage's code is this one's too.
+RUNS = ("train",)
+
+
+def dvc(p: Pipeline) -> dict[str, Any]:
+    return {
+        "deps": ["data/prepared", "data/features/${key}"],
+        "params": [{"specs/models/${key}.yaml": None}],
+        "metrics": [{"metrics/${key}/resume.json": {"cache": False}}],
+    }
+
 
 # Bitwise on CPU and (deterministic) CUDA; MPS kernels give no such promise.
 TOLERANCE = {"cpu": 0.0, "cuda": 0.0, "mps": 1e-5}
@@ -185,13 +199,12 @@ def kill_and_resume(root: Path, name: str, spec_path: Path, work: Path, pause_at
     return {"kill": killed, "restored_step": restored}
 
 
-def run(root: Path, name: str, log=None) -> dict[str, Any]:
-    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    spec_path = root / "specs" / "models" / f"{name}.yaml"
+def check(root: Path, name: str, log=None) -> dict[str, Any]:
+    log = log or Context(root).log
+    spec_path = root / paths.model_spec(name)
     spec = load_spec(spec_path, ModelSpec)
     rc = spec.resume_check
-    # Outside runs/<m>/, which is train@m's persistent output: touching it would rerun train.
-    base = root / "runs" / "_resume_check" / name
+    base = root / paths.RESUME_CHECKS / name
     if base.exists():
         shutil.rmtree(base)
     base.mkdir(parents=True)
@@ -226,9 +239,7 @@ def run(root: Path, name: str, log=None) -> dict[str, Any]:
         "fields": fields,
         "wall_s": round(time.perf_counter() - started, 2),
     }
-    out = root / "metrics" / name
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "resume.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    write(root / paths.metrics_dir(name) / "resume.json", ResumeRecord.model_validate(result))
     if passed:
         shutil.rmtree(base)  # large, and everything worth keeping is in resume.json
     return result
@@ -247,3 +258,7 @@ def summary(name: str, r: dict[str, Any]) -> str:
         + f"killed after step {r['killed_after_step']}, restored step "
         f"{r['restored_step']}, final step {r['final_step']}: {verdict} in {r['wall_s']:.1f} s"
     )
+
+
+def run(ctx: Context) -> Result:
+    return Result(summary(ctx.model, check(ctx.root, ctx.model, ctx.log)))

@@ -1,0 +1,148 @@
+"""The production model: the record promote commits, the files it pins, and a servable model.
+
+`reprogate predict` and `reprogate serve` answer only with the files models/production.json
+pins: the copy promote kept under models/.promoted/<version>/, or the workspace's models/ when
+it still holds exactly those files (after a retrain it holds a candidate, which must not
+answer under production's version).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from reprogate import paths
+from reprogate.calibration import Policy, prediction, probabilities
+from reprogate.errors import UserError, first_problem, read_json
+from reprogate.hashing import sha256_file
+from reprogate.model_folder import Scorer, model_version
+from reprogate.records import RESTORE_PRODUCTION, ProductionRecord, Promoted
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """One servable model: never mutated, so a request can keep using it after a swap."""
+
+    name: str
+    version: str
+    scorer: Scorer
+    policy: Policy
+    record: ProductionRecord | None
+    source_sha256: str | None
+
+    def predict(self, texts: list[str]) -> list[dict[str, Any]]:
+        start = time.perf_counter()
+        probs = probabilities(self.scorer.text_logits(texts), self.policy.temperature)
+        ms = round((time.perf_counter() - start) * 1000, 3)
+        return [
+            {
+                "text": t,
+                **prediction(p, self.scorer.labels, self.policy, self.scorer.oos_index),
+                "model_version": self.version,
+                "latency_ms": ms,
+            }
+            for t, p in zip(texts, probs, strict=True)
+        ]
+
+
+def production_sha256(root: Path) -> str | None:
+    """Identity of models/production.json as it is now (None when absent)."""
+    path = root / paths.PRODUCTION
+    return sha256_file(path) if path.is_file() else None
+
+
+def _mismatch(record: Promoted, model_dir: Path, since: str) -> str | None:
+    """Why `model_dir` is not the promoted model, or None. Compared: the version (weights, and
+    an ensemble's members) and the calibrated policy, not files such as the fingerprint that
+    change with unrelated code."""
+    if not (model_dir / "model.safetensors").is_file() or not (model_dir / "calibration.json").is_file():
+        return f"{model_dir} is not built"
+    if (now := model_version(model_dir)) != record.model_version:
+        return f"{model_dir} holds {now}, {since}"
+    pinned = record.calibration
+    if pinned and Policy.load(model_dir / "calibration.json") != Policy(
+        pinned.temperature, pinned.threshold, pinned.margin
+    ):
+        return f"{model_dir}/calibration.json was refitted, {since}"
+    return None
+
+
+def production_files(root: Path, record: Promoted) -> tuple[Path, Path]:
+    """(model folder, members folder) of the promoted model: the kept copy if there is one, else
+    the workspace's models/ if it still holds exactly the promoted files."""
+    version, name = record.model_version, record.model
+    kept = root / paths.PROMOTED / version
+    if (kept / name).is_dir():
+        if why := _mismatch(record, kept / name, "changed after the promotion"):
+            raise UserError(
+                f"{root / paths.PRODUCTION} pins {version}, but its kept copy {why}. Delete {kept} to "
+                f"fall back to the workspace's models/{name}, or promote again after a passing gate."
+            )
+        return kept / name, kept
+    if why := _mismatch(record, root / paths.model_dir(name), "retrained since"):
+        raise UserError(
+            f"{root / paths.PRODUCTION} pins {version}, but {why}, and there is no copy in "
+            f"{paths.PROMOTED / version} (promote keeps one). Run `make repro` on the promotion's "
+            "commit to rebuild it (it is reproducible), promote the new candidate after a passing "
+            f"gate, or serve the workspace's model explicitly with --model models/{name}."
+        )
+    return root / paths.model_dir(name), root / paths.MODELS
+
+
+def read_promoted(root: Path) -> Promoted:
+    """models/production.json with a model in it, or one paragraph saying what is wrong."""
+    path = root / paths.PRODUCTION
+    raw = read_json(path, RESTORE_PRODUCTION) if path.is_file() else {}
+    if not isinstance(raw, dict):
+        raise UserError(f"{path} is not a production record; {RESTORE_PRODUCTION}")
+    if not raw.get("model"):
+        raise UserError(
+            f"{path}: no model in production yet; run `reprogate promote` after a "
+            "passing gate, or pass --model models/NAME."
+        )
+    try:
+        return Promoted.model_validate(raw, strict=True)
+    except ValidationError as e:
+        field, found = first_problem(e)
+        raise UserError(
+            f"{path}: field '{field}': {found}; it is not the record `reprogate promote` wrote. "
+            f"{RESTORE_PRODUCTION[0].upper()}{RESTORE_PRODUCTION[1:]}."
+        ) from None
+
+
+def load_servable(root: Path, model_dir: Path | None = None, device: str = "auto") -> Loaded:
+    """The production model (or `model_dir`) with its calibration, loaded on `device` and
+    warmed up. Used by `reprogate predict` and `reprogate serve`."""
+    record: Promoted | None = None
+    source = None
+    if model_dir is None:
+        source = production_sha256(root)
+        record = read_promoted(root)
+        model_dir, members_dir = production_files(root, record)
+    else:
+        members_dir = model_dir.parent
+        if not (model_dir / "config.json").is_file():
+            near = {str(c.parent) for d in (model_dir, model_dir.parent) for c in d.glob("*/config.json")}
+            raise UserError(
+                f"--model {model_dir}: no trained model in that folder; give one of "
+                f"{', '.join(sorted(near)) or 'the model folders `dvc repro` writes under models/'}."
+            )
+    if not (model_dir / "calibration.json").is_file():
+        raise UserError(
+            f"{model_dir}: no calibration.json; run `dvc repro calibrate@{model_dir.name}` first."
+        )
+    scorer = Scorer(root, model_dir.name, model_dir, device=device, members_dir=members_dir)
+    loaded = Loaded(
+        name=model_dir.name,
+        version=record.model_version if record else model_version(model_dir),
+        scorer=scorer,
+        policy=Policy.load(model_dir / "calibration.json"),
+        record=record,
+        source_sha256=source,
+    )
+    loaded.predict(["warm up"])  # first-call costs (allocations, lazy imports) happen here
+    return loaded

@@ -1,0 +1,294 @@
+"""The files one stage writes and another reads, one pydantic model each.
+
+The writer builds the model and `write` dumps exactly the fields it set; every reader
+validates the file against the same model (strictly: a string is never read as a number), so
+a hand edit, a merge conflict or a file from another tool is named by its field, never a
+KeyError three modules away. Extra fields are kept: a newer writer's record still reads.
+
+| file                         | model             | written by        | read by                      |
+| ---------------------------- | ----------------- | ----------------- | ---------------------------- |
+| metrics/data.json            | DataRecord        | prepare           | promote                      |
+| models/<m>/config.json       | ModelConfig       | train, combine    | model_folder, promote        |
+| models/<m>/fingerprint.json  | Fingerprint       | train, combine    | model_folder, promote        |
+| metrics/<m>/train.json       | TrainRecord       | train             | dvc metrics                  |
+|                              | CombineRecord     | combine           | dvc metrics                  |
+| models/<m>/calibration.json  | CalibrationRecord | calibrate         | calibration, promote         |
+| metrics/<m>/eval.json        | Evaluation        | evaluate          | gate, promote                |
+| metrics/<m>/resume.json      | ResumeRecord      | resume_check      | gate                         |
+| metrics/gate.json            | Decision          | gate              | promote                      |
+| models/production.json       | ProductionRecord  | promote           | gate, production (serving)   |
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from reprogate.errors import UserError, first_problem, read_json
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+R = TypeVar("R", bound=Record)
+Interval = Annotated[list[float], Field(min_length=2, max_length=2)]
+
+
+def dumps(record: Record, indent: int = 2) -> str:
+    """The record as its file holds it: the fields its writer set, keys sorted."""
+    return (
+        json.dumps(record.model_dump(mode="json", exclude_unset=True), indent=indent, sort_keys=True) + "\n"
+    )
+
+
+def write(path: Path, record: Record, indent: int = 2) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dumps(record, indent))
+
+
+def load(path: Path, shape: type[R], fix: str) -> R:
+    """A record reprogate wrote, or one paragraph naming the file, the field and `fix`."""
+    raw = read_json(path, fix)
+    try:
+        return shape.model_validate(raw, strict=True)
+    except ValidationError as e:
+        field, found = first_problem(e)
+        raise UserError(f"{path}: field '{field}': {found}; {fix}") from None
+
+
+def parse(path: Path, shape: type[R]) -> tuple[R | None, str | None]:
+    """(record, None) for a file of this shape; (None, why) for a damaged one (truncated, a merge
+    conflict, a field of the wrong type), why naming the file's field; (None, None) if absent."""
+    if not path.is_file():
+        return None, None
+    try:
+        return shape.model_validate_json(path.read_bytes(), strict=True), None
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        if first["type"] in ("json_invalid", "json_type"):
+            return None, f"{path.name} is not valid JSON ({first['ctx'].get('error', first['msg'])})"
+        if first["type"] == "model_type":
+            return None, f"{path.name} is not a JSON object"
+        # Drop the tags pydantic adds for the set kinds: the user sees sets.test.accuracy.
+        field, found = first_problem(e, skip=("labelled", "out_of_scope"))
+        return None, f"{path.name} does not have the fields reprogate writes ({field}: {found})"
+
+
+# ----------------------------------------------------------------------------- prepare
+
+
+class DataRecord(Record):
+    dataset: str
+    labels: int
+    rows: dict[str, int]
+    dropped: dict[str, dict[str, int]]
+    audit: dict[str, dict[str, int]]
+    sha256: dict[str, str]  # split -> sha256 of data/prepared/<split>.jsonl
+    raw_sha256: dict[str, str]
+
+
+# ---------------------------------------------------------------- train and combine
+
+
+class ModelConfig(Record):
+    family: Literal["ngram", "encoder", "ensemble"]
+    n_out: int
+    featurizer: dict[str, Any]  # what the features depend on (the featurizer's key)
+    spec: dict[str, Any]  # the model spec it was trained from, validated again on load
+
+
+class Fingerprint(Record):
+    """Where a model folder came from: spec, data, code and packages (trained), or the member
+    versions it was combined from (ensemble)."""
+
+    spec_hash: str
+    data_hash: str | None = None
+    labels_hash: str | None = None
+    code_hash: str | None = None
+    environment: dict[str, str] | None = None
+    encoder_sha256: str | None = None
+    total_steps: int | None = None
+    members: dict[str, Any] | None = None  # member -> sha256 of its weights and calibration
+
+
+class TrainRecord(Record):
+    steps: int
+    epochs: int
+    examples: int
+    examples_seen_this_run: int
+    examples_per_s: float | None
+    wall_s: float
+    checkpoint_s: float
+    checkpoint_share: float | None
+    peak_rss_gb: float
+    device_peak_gb: float | None
+    device: str
+    processes: int
+    final_loss: float | None
+    validation_accuracy: float
+    resumed_from_step: int | None
+    environment_changes: dict[str, Any]
+    truncated_texts: int
+    projected: dict[str, Any] | None
+
+
+class CombineRecord(Record):
+    members: list[str]
+    weights: dict[str, float]
+    calibration_nll: float
+    validation_accuracy: float
+    member_validation_accuracy: dict[str, float]
+    wall_s: float
+    weights_note: str | None = None
+
+
+# ---------------------------------------------------------------------------- calibrate
+
+
+class PolicyRecord(Record):
+    threshold: float  # act only when the calibrated top-1 probability is at least this
+    margin: float  # ... and top-1 minus top-2 is at least this
+
+
+class CalibrationRecord(Record):
+    temperature: float
+    policy: PolicyRecord
+    fitted_on: dict[str, Any] | None = None
+    limits: dict[str, Any] | None = None
+    on_calibration_data: dict[str, Any] | None = None
+    warnings: list[str] = []
+
+
+# ----------------------------------------------------------------------------- evaluate
+
+
+class LabelledSet(Record):
+    kind: Literal["labelled"]
+    accuracy: float
+    n: int | None = None
+    data_sha256: str | None = None
+    macro_f1: float | None = None
+    accuracy_ci95: Interval | None = None
+    macro_f1_ci95: Interval | None = None
+    ece_before: float | None = None
+    ece_after: float | None = None
+    nll: float | None = None
+    coverage: float | None = None
+    acted_accuracy: float | None = None
+    wrong_action_rate: float | None = None
+
+
+class OutOfScopeSet(Record):
+    kind: Literal["out_of_scope"]
+    false_positive_action_rate: float
+    n: int | None = None
+    data_sha256: str | None = None
+    coverage: float | None = None
+
+
+class Evaluation(Record):
+    heldout: str = "test"
+    device: str | None = None
+    model_version: str | None = None
+    temperature: float | None = None
+    policy: PolicyRecord | None = None
+    sets: dict[str, Annotated[LabelledSet | OutOfScopeSet, Field(discriminator="kind")]] = {}
+
+
+# ------------------------------------------------------------------------- resume_check
+
+
+class FieldCheck(Record):
+    max_abs_diff: float | Literal["inf"]  # inf: shapes, keys or values differ
+    tolerance: float
+    verdict: Literal["pass", "fail"]
+
+
+class ResumeRecord(Record):
+    passed: bool | None = None
+    device: str | None = None
+    processes: int | None = None
+    tolerance: float | None = None
+    steps: int | None = None
+    checkpoint_every: int | None = None
+    killed_after_step: int | None = None
+    kill_signal: str | None = None
+    child_returncode: int | None = None
+    restored_step: int | None = None
+    final_step: int | None = None
+    fields: dict[str, FieldCheck] | None = None
+    wall_s: float | None = None
+
+
+# --------------------------------------------------------------------------------- gate
+
+
+class Rule(Record):
+    rule: str
+    value: Any
+    op: str | None
+    threshold: Any
+    verdict: Literal["pass", "fail", "n/a"]
+    note: str | None = None
+
+
+class Candidate(Record):
+    passed: bool
+    heldout_accuracy: float | None
+    model_version: str | None
+    rules: list[Rule]
+    not_evaluated: bool | str | None = None  # True: no eval.json; a string: why it is unreadable
+
+
+class Decision(Record):
+    """metrics/gate.json: every candidate's rules, and the one chosen (or none, with reasons)."""
+
+    passed: bool
+    chosen: str | None
+    reasons: list[str]
+    candidates: dict[str, Candidate]
+    production: dict[str, Any] | None = None
+    gate_spec: str | None = None
+
+
+# ---------------------------------------------------------------------------- promote
+
+
+class PinnedPolicy(Record):
+    temperature: float
+    threshold: float
+    margin: float
+
+
+# How to recover models/production.json, said wherever it is found damaged.
+RESTORE_PRODUCTION = (
+    "only `reprogate promote` writes it: restore the committed record with "
+    "`git checkout HEAD -- models/production.json` (after a merge conflict, take one side whole)"
+)
+
+
+class ProductionRecord(Record):
+    """models/production.json. Before the first promotion it holds {"model": null}."""
+
+    model: str | None = None
+    model_version: str | None = None
+    family: str | None = None
+    artifacts: dict[str, str] | None = None
+    data_sha256: dict[str, str] = {}
+    spec_hashes: dict[str, str] | None = None
+    code_commit: str | None = None
+    heldout_accuracy: float | None = None
+    heldout_accuracy_ci95: Interval | None = None
+    calibration: PinnedPolicy | None = None
+    gate: dict[str, dict[str, Any]] | None = None
+
+
+class Promoted(ProductionRecord):
+    """A production record with a model in it: what predict and serve answer with."""
+
+    model: str
+    model_version: str

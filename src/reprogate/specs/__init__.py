@@ -1,0 +1,61 @@
+"""Every spec kind: data, model, gate and params.yaml, and the one loader that reads them.
+
+Read them in this order: base (shared types), data, model, gate, params, loader.
+"""
+
+from reprogate.specs.base import FOLDERS, OOS_LABEL, Strict, spec_hash
+from reprogate.specs.data import (
+    DataSpec,
+    EvalSet,
+    HfSource,
+    LocalSource,
+    Normalization,
+    Origin,
+    Table,
+    UrlSource,
+)
+from reprogate.specs.gate import GateSpec
+from reprogate.specs.loader import (
+    SPEC_KINDS,
+    Pipeline,
+    find_root,
+    iter_spec_files,
+    json_schemas,
+    load_params,
+    load_pipeline,
+    load_spec,
+    read_yaml,
+    resolve_encoder_path,
+)
+from reprogate.specs.model import ModelSpec, NeighboursConfig, training_hash
+from reprogate.specs.params import Params
+
+__all__ = [
+    "FOLDERS",
+    "OOS_LABEL",
+    "SPEC_KINDS",
+    "DataSpec",
+    "EvalSet",
+    "GateSpec",
+    "HfSource",
+    "LocalSource",
+    "ModelSpec",
+    "NeighboursConfig",
+    "Normalization",
+    "Origin",
+    "Params",
+    "Pipeline",
+    "Strict",
+    "Table",
+    "UrlSource",
+    "find_root",
+    "iter_spec_files",
+    "json_schemas",
+    "load_params",
+    "load_pipeline",
+    "load_spec",
+    "read_yaml",
+    "resolve_encoder_path",
+    "spec_hash",
+    "training_hash",
+]

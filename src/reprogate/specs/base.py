@@ -1,0 +1,46 @@
+"""What every spec kind shares: the strict base model, field types, and the content hash.
+
+Specs are strict: unknown keys are errors, and a string is never coerced into a number.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, TypeAdapter
+
+# The name of a model's own out-of-scope output (head.out_of_scope_class): no intent may use it.
+OOS_LABEL = "out_of_scope"
+
+Sha256 = Annotated[
+    str,
+    StringConstraints(pattern=r"^[0-9a-f]{64}$"),
+    Field(description="sha256 of the raw file: 64 lowercase hex digits (`sha256sum FILE`)."),
+]
+Commit = Annotated[
+    str,
+    StringConstraints(pattern=r"^[0-9a-f]{40}$"),
+    Field(description="An immutable revision: a full 40-hex-digit commit id, never a branch."),
+]
+Fraction = Annotated[float, Field(ge=0.0, lt=1.0)]
+PosInt = Annotated[int, Field(ge=1)]
+Pair = Annotated[list[PosInt], Field(min_length=2, max_length=2)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+# One folder, or none, is a list too (params.yaml's `mirror`).
+Folders = Annotated[
+    list[str], BeforeValidator(lambda v: [v] if isinstance(v, str) and v else [] if v in (None, "") else v)
+]
+FOLDERS = TypeAdapter(Folders, config=ConfigDict(strict=True))
+
+
+def spec_hash(spec: BaseModel, exclude: set[str] | None = None) -> str:
+    """Hash of the validated content (comments and key order do not change it)."""
+    blob = json.dumps(spec.model_dump(mode="json", exclude=exclude), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()

@@ -1,0 +1,183 @@
+"""Data specs: where the raw files come from (pinned), how to read them, how to split them.
+
+Rules here read nothing but the spec itself; that its local files exist is checked by the
+loader (specs/loader.py), which knows the project root.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from reprogate.specs.base import OOS_LABEL, Commit, Fraction, Sha256, Strict
+
+
+class UrlSource(Strict):
+    kind: Literal["url"]
+    url: str = Field(
+        description="URL template with {revision} and {file}, e.g. "
+        "https://raw.githubusercontent.com/OWNER/REPO/{revision}/folder/{file}"
+    )
+    revision: Commit
+
+    @field_validator("url")
+    @classmethod
+    def _pinned(cls, v: str) -> str:
+        if "{revision}" not in v or "{file}" not in v:
+            raise ValueError(
+                "the URL must contain the placeholders {revision} and {file} so that every "
+                "download is pinned to the spec's revision; e.g. "
+                "https://raw.githubusercontent.com/OWNER/REPO/{revision}/data/{file}"
+            )
+        return v
+
+
+class HfSource(Strict):
+    kind: Literal["hf"]
+    repo: str = Field(
+        pattern=r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$",
+        description="Hugging Face hub dataset repo as owner/name, e.g. PolyAI/banking77.",
+    )
+    revision: Commit
+
+
+class LocalSource(Strict):
+    kind: Literal["local"]
+    path: str = Field(description="Folder holding the raw files, relative to the project root.")
+
+
+Source = Annotated[UrlSource | HfSource | LocalSource, Field(discriminator="kind")]
+
+
+class Origin(Strict):
+    """A pinned set of raw files: where they come from and the sha256 of each."""
+
+    source: Source
+    files: dict[str, Sha256] = Field(
+        min_length=1, description="Raw file name (path inside the source) -> its sha256."
+    )
+
+
+class Table(Strict):
+    """How to read (text, label) rows out of one raw file."""
+
+    origin: str = Field(description="Key of `origins` this file comes from.")
+    file: str = Field(description="File name, one of that origin's `files`.")
+    format: Literal["csv", "jsonl", "clinc_json"] = "csv"
+    text_field: str = Field("text", description="Column (csv) or key (jsonl) holding the text.")
+    label_field: str = Field("label", description="Column (csv) or key (jsonl) of the label.")
+    keys: list[str] = Field(
+        default_factory=list,
+        description="clinc_json only: which top-level lists to read, e.g. [oos_test].",
+    )
+    exclude_labels: list[str] = Field(
+        default_factory=list, description="Rows with these source labels are left out on purpose."
+    )
+
+
+class EvalSet(Strict):
+    table: Table
+    kind: Literal["out_of_scope", "labelled"] = Field(
+        description="out_of_scope: no item has an intent (the model should not act); "
+        "labelled: real utterances whose labels must be in the vocabulary."
+    )
+    use: Literal["evaluate", "calibrate"] = Field(
+        "evaluate",
+        description="calibrate: may be used to fit the routing policy; evaluate: never seen "
+        "before evaluation.",
+    )
+
+
+class SplitPolicy(Strict):
+    seed: int = 0
+    validation: Fraction = 0.1
+    calibration: Fraction = 0.1
+    stratify: bool = True
+
+    @model_validator(mode="after")
+    def _train_left(self) -> SplitPolicy:
+        if self.validation + self.calibration >= 1.0:
+            raise ValueError(
+                f"validation ({self.validation}) + calibration ({self.calibration}) = "
+                f"{self.validation + self.calibration:g} leaves no train rows; keep the sum "
+                "below 1, e.g. 0.1 and 0.1"
+            )
+        return self
+
+
+class Normalization(Strict):
+    """Text normalisation used only to find duplicates; stored texts stay as written."""
+
+    unicode_form: Literal["NFC", "NFKC", "none"] = "NFKC"
+    lowercase: bool = True
+    strip_punctuation: bool = True
+    collapse_whitespace: bool = True
+
+
+class DataSpec(Strict):
+    kind: Literal["data"]
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", description="Dataset id (lowercase).")
+    description: str = ""
+    origins: dict[str, Origin] = Field(min_length=1)
+    train: Table
+    test: Table
+    labels: list[str] = Field(
+        min_length=2, description="The label vocabulary: exact strings, in a fixed order."
+    )
+    split: SplitPolicy = SplitPolicy()
+    normalization: Normalization = Normalization()
+    dedupe_train: bool = Field(
+        True,
+        description="Drop train rows whose normalised text repeats an earlier train row or "
+        "appears in any held-out or evaluation set (all counted in metrics/data.json).",
+    )
+    eval_sets: dict[str, EvalSet] = Field(default_factory=dict)
+    negatives: list[Table] = Field(
+        default_factory=list,
+        description="Out-of-scope training examples, used by model specs that ask for an out-of-scope class.",
+    )
+
+    @field_validator("labels")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        seen: set[str] = set()
+        dup = [x for x in v if x in seen or seen.add(x)]  # type: ignore[func-returns-value]
+        if dup:
+            raise ValueError(f"labels must be unique; repeated: {sorted(set(dup))}")
+        if any(not x.strip() for x in v):
+            raise ValueError("labels must be non-empty strings")
+        if OOS_LABEL in v:
+            # Models name their own out-of-scope output so; a real intent of that name would
+            # never be acted on.
+            raise ValueError(
+                f"label '{OOS_LABEL}' is reserved for the models' out-of-scope class; rename the "
+                "intent, or if it marks queries not to act on, declare them under negatives (training) "
+                "and eval_sets with kind: out_of_scope (evaluation)"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _references(self) -> DataSpec:
+        tables = [("train", self.train), ("test", self.test)]
+        tables += [(f"eval_sets.{k}.table", e.table) for k, e in self.eval_sets.items()]
+        tables += [(f"negatives[{i}]", t) for i, t in enumerate(self.negatives)]
+        for where, t in tables:
+            if t.origin not in self.origins:
+                raise ValueError(
+                    f"{where}.origin is '{t.origin}', which is not a key of origins "
+                    f"(have: {sorted(self.origins)})"
+                )
+            if t.file not in self.origins[t.origin].files:
+                raise ValueError(
+                    f"{where}.file is '{t.file}', which origin '{t.origin}' does not pin; add "
+                    f"it with its sha256 under origins.{t.origin}.files or use one of "
+                    f"{sorted(self.origins[t.origin].files)}"
+                )
+            if t.format == "clinc_json" and not t.keys:
+                raise ValueError(f"{where}.keys must name at least one list for clinc_json")
+        reserved = {"train", "validation", "calibration", "test", "negatives"}
+        clash = reserved & set(self.eval_sets)
+        if clash:
+            raise ValueError(f"eval_sets may not be named {sorted(clash)} (reserved split names)")
+        return self

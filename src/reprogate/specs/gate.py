@@ -1,0 +1,53 @@
+"""The gate spec: the thresholds every candidate must meet, and how it is compared with production."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from reprogate.specs.base import Strict
+
+
+class Thresholds(Strict):
+    heldout_accuracy_min: float = Field(0.90, ge=0.0, le=1.0)
+    real_utterance_accuracy_min: float = Field(1.0, ge=0.0, le=1.0)
+    ece_max: float = Field(0.10, ge=0.0, le=1.0)
+    false_positive_action_rate_max: float = Field(0.01, ge=0.0, le=1.0)
+    wrong_action_rate_max: float = Field(0.02, ge=0.0, le=1.0)
+    coverage_min: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="Least share of in-scope test queries acted on. A model that sends everything "
+        "to review makes no wrong action and does no work. null: no such rule.",
+    )
+    require_resume_equivalence: bool = True
+
+
+class ProductionComparison(Strict):
+    enabled: bool = True
+    metric: Literal["heldout_accuracy"] = "heldout_accuracy"
+    confidence: float = Field(0.95, gt=0.5, lt=1.0)
+    bootstrap_samples: int = Field(1000, ge=100)
+    seed: int = 0
+
+
+class PolicyFit(Strict):
+    confidence: float = Field(
+        0.9,
+        ge=0.0,
+        lt=1.0,
+        description="calibrate@m picks the routing policy whose wrong-action and false-positive "
+        "limits hold for the one-sided Clopper-Pearson upper bound at this confidence on the "
+        "calibration data (0: the rates seen). A set too small to show its limit even with no "
+        "error is held to the rate seen, and calibration.json records which applied.",
+    )
+
+
+class GateSpec(Strict):
+    kind: Literal["gate"]
+    description: str = ""
+    thresholds: Thresholds = Thresholds()
+    policy_fit: PolicyFit = PolicyFit()
+    compare_to_production: ProductionComparison = ProductionComparison()

@@ -1,0 +1,313 @@
+"""Reading specs: YAML in, a validated spec out, and the rules that read another file.
+
+The spec models validate what a file says on its own. What it refers to is checked here, once
+the file itself is valid: a data spec's local files exist, a model's data spec exists and
+agrees with its head, an ensemble's members exist and fit together, an encoder folder holds a
+model. Relative paths inside a spec are relative to the project root (the nearest folder
+above the spec holding `params.yaml` or `.dvc`), so a spec means the same from any working dir.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from reprogate import paths
+from reprogate.errors import UserError, format_validation_error
+from reprogate.specs.base import Strict
+from reprogate.specs.data import DataSpec, LocalSource
+from reprogate.specs.gate import GateSpec
+from reprogate.specs.model import ModelSpec
+from reprogate.specs.params import Params
+
+T = TypeVar("T", bound=Strict)
+
+SPEC_KINDS: dict[str, type[Strict]] = {"data": DataSpec, "model": ModelSpec, "gate": GateSpec}
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """safe_load, except that a key given twice in one mapping is an error: PyYAML would keep
+    the last one silently, and a spec would train with a value its author did not see."""
+
+    def construct_mapping(self, node, deep=False):
+        self.flatten_mapping(node)
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line)
+            except TypeError:  # an unhashable key: the base class reports it
+                continue
+            if first != key_node.start_mark.line:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice (first at line {first + 1})", key_node.start_mark
+                )
+        return super().construct_mapping(node, deep)
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise UserError(f"{path}: file not found; check the path (specs live under specs/).")
+    try:
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_SpecLoader)  # noqa: S506 (safe loader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        fix = "keep one of them" if "given twice" in problem else "fix the indentation or quoting there"
+        raise UserError(f"{path}: not valid YAML{where}: {problem}; {fix}.") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text ({e.reason}); save it as UTF-8.") from None
+    if not isinstance(raw, dict):
+        raise UserError(
+            f"{path}: a spec must be a YAML mapping (key: value lines), got {type(raw).__name__}; "
+            "start it with 'kind: data', 'kind: model' or 'kind: gate'."
+        )
+    return raw
+
+
+def find_root(start: Path) -> Path:
+    """The project root: nearest folder at or above `start` holding params.yaml or .dvc."""
+    start = start.resolve()
+    for d in [start, *start.parents]:
+        if (d / "params.yaml").is_file() or (d / ".dvc").is_dir():
+            return d
+    return start if start.is_dir() else start.parent
+
+
+class Refused(Exception):
+    """A reference rule that failed: where in the spec (a pydantic location) and why."""
+
+    def __init__(self, loc: tuple[str, ...], message: str):
+        super().__init__(message)
+        self.loc, self.message = loc, message
+
+
+def load_spec(path: Path, expect: type[T] | None = None) -> T:
+    """Read and validate one spec file; raise UserError naming file, field, value and fix."""
+    path = Path(path)
+    raw = read_yaml(path)
+    kind = raw.get("kind")
+    if not isinstance(kind, str) or kind not in SPEC_KINDS:
+        raise UserError(
+            f"{path}: field 'kind' is {kind!r}; expected one of {sorted(SPEC_KINDS)}. "
+            "Add e.g. 'kind: model' as the first line."
+        )
+    cls = SPEC_KINDS[kind]
+    if expect is not None and cls is not expect:
+        want = next(k for k, v in SPEC_KINDS.items() if v is expect)
+        raise UserError(f"{path}: field 'kind' is '{kind}', but a '{want}' spec is expected here.")
+    try:
+        spec = cls.model_validate(raw)
+        check_references(spec, find_root(path.parent))
+    except ValidationError as err:
+        raise UserError(format_validation_error(path, err, cls)) from None
+    except Refused as r:
+        raise UserError(format_validation_error(path, _as_validation_error(cls, raw, r), cls)) from None
+    except UserError as err:
+        # A spec this one refers to is broken: name both.
+        raise UserError(f"{path}: refers to a spec that is not valid:\n{err}") from None
+    return spec  # type: ignore[return-value]
+
+
+def _as_validation_error(cls: type[BaseModel], raw: dict[str, Any], r: Refused) -> ValidationError:
+    """A reference rule's failure in pydantic's shape, so it is reported like every other rule."""
+    value: Any = raw
+    for part in r.loc:
+        value = value.get(part) if isinstance(value, dict) else None
+    return ValidationError.from_exception_data(
+        cls.__name__, [{"type": "value_error", "loc": r.loc, "input": value, "ctx": {"error": r.message}}]
+    )
+
+
+def check_references(spec: Strict, root: Path) -> None:
+    if isinstance(spec, DataSpec):
+        _data_files(spec, root)
+    elif isinstance(spec, ModelSpec):
+        if spec.encoder is not None:
+            try:
+                resolve_encoder_path(spec.encoder.model, root)
+            except ValueError as e:
+                raise Refused(("encoder",), str(e)) from None
+        if spec.family == "ensemble":
+            _members(spec, root)
+        else:
+            _data_of_model(spec, root)
+
+
+def _data_files(spec: DataSpec, root: Path) -> None:
+    for name, o in spec.origins.items():
+        if isinstance(o.source, LocalSource):
+            folder = root / o.source.path
+            for f in o.files:
+                if not (folder / f).is_file():
+                    raise Refused(
+                        (),
+                        f"origins.{name}: local file {folder / f} does not exist; "
+                        f"fix origins.{name}.source.path or put the file there",
+                    )
+
+
+def _data_of_model(spec: ModelSpec, root: Path) -> None:
+    data_path = root / spec.data
+    if not data_path.is_file():
+        raise Refused(
+            (),
+            f"data is '{spec.data}', but {data_path} does not exist; point it at a "
+            "data spec such as specs/data/banking77.yaml",
+        )
+    data = load_spec(data_path, DataSpec)
+    expected = len(data.labels) + (1 if spec.head.out_of_scope_class else 0)
+    if spec.head.num_labels is not None and spec.head.num_labels != expected:
+        raise Refused(
+            (),
+            f"head.num_labels is {spec.head.num_labels}, but the data spec {spec.data} "
+            f"has {len(data.labels)} labels"
+            + (" + 1 out-of-scope class" if spec.head.out_of_scope_class else "")
+            + f", so the head has {expected} outputs; remove head.num_labels (the size comes "
+            f"from the vocabulary) or set it to {expected}",
+        )
+    if spec.head.out_of_scope_class and not data.negatives:
+        raise Refused(
+            (),
+            f"head.out_of_scope_class is true but the data spec {spec.data} declares no "
+            "negatives; add a 'negatives' table there or set it to false",
+        )
+
+
+def _members(spec: ModelSpec, root: Path) -> None:
+    assert spec.ensemble is not None
+    oos = set()
+    for m in spec.ensemble.members:
+        path = root / paths.model_spec(m)
+        if not path.is_file():
+            raise Refused((), f"ensemble.members names '{m}', but {path} does not exist")
+        member = load_spec(path, ModelSpec)
+        if member.family == "ensemble":
+            raise Refused((), f"ensemble.members: '{m}' is itself an ensemble; list its members instead")
+        if member.data != spec.data:
+            raise Refused(
+                (), f"ensemble.members: '{m}' uses data '{member.data}' but this ensemble uses '{spec.data}'"
+            )
+        oos.add(member.head.out_of_scope_class)
+    if len(oos) > 1:
+        raise Refused(
+            (),
+            "ensemble.members disagree on head.out_of_scope_class, so their outputs differ; "
+            "make it the same for every member",
+        )
+    near = spec.ensemble.neighbours
+    if near is None:
+        return
+    if near.member not in spec.ensemble.members:
+        raise Refused(
+            (),
+            f"ensemble.neighbours.member is '{near.member}', which is not one of "
+            f"ensemble.members {spec.ensemble.members}; name one of them",
+        )
+    member = load_spec(root / paths.model_spec(near.member), ModelSpec)
+    if member.family != "encoder" or member.encoder.mode != "frozen":
+        mode = f"encoder, mode {member.encoder.mode}" if member.encoder else member.family
+        raise Refused(
+            (),
+            f"ensemble.neighbours.member '{near.member}' is of family {mode}; the neighbours "
+            "are searched in cached embeddings, which only a frozen encoder has: name a member "
+            "of family encoder with mode frozen",
+        )
+
+
+_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+@[0-9a-f]{40}$")
+
+
+def resolve_encoder_path(model: str, root: Path) -> str:
+    """Where transformers should load the encoder from; raises ValueError with a fix."""
+    if model.startswith("package:"):
+        module, _, sub = model.removeprefix("package:").partition("/")
+        spec = importlib.util.find_spec(module) if module else None
+        if spec is None or spec.origin is None:
+            raise ValueError(
+                f"encoder.model is '{model}', but no installed package '{module}' was found; "
+                "install it (it is in requirements.lock) or give a local folder"
+            )
+        folder = Path(spec.origin).parent / sub
+        if not (folder / "config.json").is_file():
+            raise ValueError(f"encoder.model '{model}': {folder} holds no config.json")
+        return str(folder)
+    local = root / model
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise ValueError(f"encoder.model '{model}': folder {local} holds no config.json")
+        return str(local)
+    if _HUB_ID.match(model):
+        return model
+    raise ValueError(
+        f"encoder.model is '{model}': not a folder under {root}, not 'package:MODULE/SUBDIR', "
+        "and not a pinned hub id 'org/name@<40-hex commit>'"
+    )
+
+
+def load_params(root: Path) -> Params:
+    path = root / paths.PARAMS
+    if not path.is_file():
+        raise UserError(f"{path}: not found; run reprogate from the project root.")
+    try:
+        return Params.model_validate(read_yaml(path))
+    except ValidationError as err:
+        raise UserError(format_validation_error(path, err, Params)) from None
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """What the pipeline runs: params.yaml's data, model and gate specs, validated together."""
+
+    root: Path
+    data: str
+    models: dict[str, ModelSpec]
+    gate: str
+
+
+def load_pipeline(root: Path) -> Pipeline:
+    params = load_params(root)
+    load_spec(root / params.data, DataSpec)
+    load_spec(root / params.gate, GateSpec)
+    models = {}
+    for n in params.models:
+        m = load_spec(root / paths.model_spec(n), ModelSpec)
+        if Path(m.data) != Path(params.data):
+            raise UserError(
+                f"specs/models/{n}.yaml: field 'data' is '{m.data}', but params.yaml runs the "
+                f"pipeline on '{params.data}'; make them the same."
+            )
+        models[n] = m
+    for n, m in models.items():
+        missing = [x for x in (m.ensemble.members if m.ensemble else []) if x not in models]
+        if missing:
+            raise UserError(
+                f"specs/models/{n}.yaml: ensemble.members {missing} are not in params.yaml 'models'; add "
+                "them (each member is trained, checked and gated as a candidate of its own)."
+            )
+    return Pipeline(root, params.data, models, params.gate)
+
+
+def iter_spec_files(folders: list[Path]) -> list[Path]:
+    files: list[Path] = []
+    for p in folders:
+        if p.is_dir():
+            files += sorted(
+                f for f in p.rglob("*.y*ml") if f.suffix in (".yaml", ".yml") and "schema" not in f.parts
+            )
+        elif p.exists():
+            files.append(p)
+        else:
+            raise UserError(f"{p}: no such file or folder; give a spec file or a folder of specs.")
+    return files
+
+
+def json_schemas() -> dict[str, dict[str, Any]]:
+    return {kind: cls.model_json_schema() for kind, cls in SPEC_KINDS.items()}

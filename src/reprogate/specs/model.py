@@ -1,0 +1,260 @@
+"""Model specs: family, device, precision, optimisation, checkpoints, budget, ensembles.
+
+Rules here read nothing but the spec itself. Rules that read another file (the data spec a
+model names, an ensemble's members, the encoder folder) live in specs/loader.py.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from reprogate.specs.base import Fraction, Pair, PosInt, Strict, spec_hash
+
+
+class NgramConfig(Strict):
+    word_ngrams: Pair = Field([1, 2], description="Min and max word n-gram length.")
+    char_ngrams: Pair = Field([2, 5], description="Min and max character n-gram length.")
+    buckets: int = Field(1 << 17, ge=1024, description="Hash buckets of the embedding bag.")
+    dim: PosInt = 64
+    dropout: Fraction = 0.0
+
+    @model_validator(mode="after")
+    def _ordered(self) -> NgramConfig:
+        for name in ("word_ngrams", "char_ngrams"):
+            lo, hi = getattr(self, name)
+            if lo > hi:
+                raise ValueError(f"{name} is [{lo}, {hi}]: the minimum must not exceed the maximum")
+        return self
+
+
+class LoraConfig(Strict):
+    r: PosInt = 8
+    alpha: PosInt = 16
+    dropout: Fraction = 0.0
+    target_modules: list[str] = Field(default_factory=lambda: ["query", "value"])
+
+
+class EncoderConfig(Strict):
+    model: str = Field(
+        description="A local model folder, 'package:MODULE[/SUBDIR]' for a model shipped "
+        "inside an installed Python package, or a hub id pinned as 'org/name@<40-hex commit>'."
+    )
+    mode: Literal["full", "frozen", "lora"] = "full"
+    pooling: Literal["mean", "cls"] = "mean"
+    layers: PosInt = Field(
+        1,
+        description="Pool each of the last N hidden layers and concatenate them (the head "
+        "input grows N-fold). Lower layers carry lexical detail the last one smooths away.",
+    )
+    normalize: bool = Field(False, description="L2-normalise each pooled layer before it reaches the head.")
+    max_length: PosInt = 64
+    lora: LoraConfig | None = None
+
+    @model_validator(mode="after")
+    def _lora(self) -> EncoderConfig:
+        if self.mode == "lora" and self.lora is None:
+            object.__setattr__(self, "lora", LoraConfig())
+        if self.mode != "lora" and self.lora is not None:
+            raise ValueError(f"encoder.lora is set but encoder.mode is '{self.mode}'; use mode: lora")
+        return self
+
+
+class HeadConfig(Strict):
+    num_labels: PosInt | None = Field(
+        None,
+        description="Optional cross-check only: the head size always comes from the label "
+        "vocabulary (plus one for the out-of-scope class); a number here must agree.",
+    )
+    out_of_scope_class: bool = Field(
+        False, description="Add an out-of-scope class trained on the data spec's negatives."
+    )
+    dropout: Fraction = 0.1
+
+
+class OptimizerConfig(Strict):
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    betas: Annotated[list[Fraction], Field(min_length=2, max_length=2)] = [0.9, 0.999]
+    eps: float = Field(1e-8, gt=0)
+    grad_clip: float | None = Field(1.0, gt=0)
+
+
+class ScheduleConfig(Strict):
+    kind: Literal["constant", "linear", "cosine"] = "linear"
+    warmup_fraction: Fraction = 0.05
+
+
+class CheckpointConfig(Strict):
+    every_steps: PosInt = 100
+    keep: PosInt = 2
+
+
+class Budget(Strict):
+    max_minutes: float = Field(60.0, gt=0)
+    max_memory_gb: float = Field(8.0, gt=0)
+
+
+class MpsConfig(Strict):
+    # PyTorch's MPS allocator accepts 0 <= low <= high <= 2.0 (0 for high disables the limit).
+    high_watermark_ratio: float = Field(1.7, ge=0.0, le=2.0)
+    low_watermark_ratio: float = Field(1.4, ge=0.0, le=2.0)
+
+    @model_validator(mode="after")
+    def _order(self) -> MpsConfig:
+        if self.low_watermark_ratio > self.high_watermark_ratio:
+            raise ValueError(
+                f"low_watermark_ratio ({self.low_watermark_ratio}) is above "
+                f"high_watermark_ratio ({self.high_watermark_ratio}); PyTorch requires "
+                "0 <= low <= high <= 2.0, e.g. low 1.4 and high 1.7"
+            )
+        return self
+
+
+class ResumeCheckConfig(Strict):
+    steps: PosInt = 20
+    checkpoint_every: PosInt = 5
+    kill_after: PosInt = 7
+
+    @model_validator(mode="after")
+    def _fits(self) -> ResumeCheckConfig:
+        if self.kill_after >= self.steps:
+            raise ValueError(
+                f"kill_after ({self.kill_after}) must be below steps ({self.steps}) so that "
+                "the run is killed before it ends"
+            )
+        if self.checkpoint_every > self.kill_after:
+            raise ValueError(
+                f"checkpoint_every ({self.checkpoint_every}) must not exceed kill_after "
+                f"({self.kill_after}), or no checkpoint exists when the run is killed"
+            )
+        return self
+
+
+class NeighboursConfig(Strict):
+    member: str = Field(
+        description="A member of family encoder in mode frozen. Its cached embeddings of the train "
+        "partition (and of the negatives, labelled out of scope, when it has an out-of-scope class) "
+        "are the memory; a query's k most cosine-similar items vote for their labels."
+    )
+    k: PosInt = Field(30, le=1000, description="How many nearest training items vote.")
+    temperature: float = Field(
+        0.02,
+        gt=0.0,
+        le=1.0,
+        description="Softmax temperature over the neighbours' cosine similarities: the smaller, the "
+        "more the closest neighbours count.",
+    )
+
+
+class EnsembleConfig(Strict):
+    members: list[str] = Field(
+        min_length=2,
+        max_length=4,
+        description="Names of model specs (specs/models/NAME.yaml) whose calibrated log-probabilities "
+        "are combined; each must also be listed in params.yaml.",
+    )
+    neighbours: NeighboursConfig | None = Field(
+        None,
+        description="Also combine a k-nearest-neighbour vote over a frozen member's embeddings, "
+        "weighted like a member.",
+    )
+
+    @field_validator("members")
+    @classmethod
+    def _distinct(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"members must be distinct, got {v}")
+        return v
+
+
+class ModelSpec(Strict):
+    kind: Literal["model"]
+    description: str = ""
+    data: str = Field(description="Path of the data spec, relative to the project root.")
+    family: Literal["ngram", "encoder", "ensemble"]
+    ngram: NgramConfig | None = None
+    encoder: EncoderConfig | None = None
+    ensemble: EnsembleConfig | None = None
+    head: HeadConfig = HeadConfig()
+    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    threads: PosInt = 2
+    processes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Training processes on this machine (ranks). Each takes an equal shard of every "
+        "epoch (the last len(train) mod processes examples of an epoch's order are left out) and "
+        "gradients are averaged across them; on CUDA each uses its own GPU. Changes what training "
+        "computes: a checkpoint resumes only with the same number.",
+    )
+    seed: int = 0
+    micro_batch: PosInt = 32
+    grad_accum: PosInt = 1
+    steps: PosInt | None = Field(None, description="Optimizer updates; give steps or epochs.")
+    epochs: PosInt | None = Field(None, description="Passes over train; give steps or epochs.")
+    optimizer: OptimizerConfig = OptimizerConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
+    label_smoothing: Fraction = 0.0
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    budget: Budget = Budget()
+    mps: MpsConfig = MpsConfig()
+    resume_check: ResumeCheckConfig = ResumeCheckConfig()
+
+    @model_validator(mode="after")
+    def _rules(self) -> ModelSpec:
+        if self.family == "ensemble":
+            if self.processes != 1:
+                raise ValueError("processes applies to training; an ensemble is combined, not trained")
+            return self._ensemble_rules()
+        if self.processes > 1 and self.device == "mps":
+            raise ValueError(
+                f"processes is {self.processes}, but device mps has no multi-process backend in "
+                "PyTorch; use processes: 1 (or device cpu / cuda)"
+            )
+        if self.ensemble is not None:
+            raise ValueError(f"family is '{self.family}' but an 'ensemble' section is given; remove it")
+        if (self.steps is None) == (self.epochs is None):
+            raise ValueError(
+                "give exactly one of steps (optimizer updates) or epochs; "
+                f"got steps={self.steps}, epochs={self.epochs}"
+            )
+        if self.steps is not None and self.checkpoint.every_steps > self.steps:
+            raise ValueError(
+                f"checkpoint.every_steps ({self.checkpoint.every_steps}) is larger than steps "
+                f"({self.steps}); no checkpoint would ever be written. Use at most {self.steps}"
+            )
+        if self.family == "ngram" and self.ngram is None:
+            # Written out, because features@m depends on exactly this section.
+            raise ValueError("family 'ngram' needs an 'ngram' section; write `ngram: {}` for the defaults")
+        other = "encoder" if self.family == "ngram" else "ngram"
+        if getattr(self, other) is not None:
+            raise ValueError(f"family is '{self.family}' but an '{other}' section is given; remove it")
+        if self.family == "encoder" and self.encoder is None:
+            raise ValueError("family 'encoder' needs an 'encoder' section with at least 'model'")
+        if self.precision == "fp16" and self.device in ("cpu", "mps"):
+            raise ValueError(
+                f"precision fp16 needs device cuda (got device '{self.device}'); use fp32 or bf16"
+            )
+        return self
+
+    def _ensemble_rules(self) -> ModelSpec:
+        if self.ensemble is None:
+            raise ValueError("family 'ensemble' needs an 'ensemble' section with 'members'")
+        for other in ("ngram", "encoder"):
+            if getattr(self, other) is not None:
+                raise ValueError(f"family is 'ensemble' but an '{other}' section is given; remove it")
+        return self
+
+
+# Model spec fields that do not change what training computes. A run stopped by its budget
+# resumes from its checkpoint once the budget is raised; a new checkpoint interval keeps the
+# checkpoints already written.
+NOT_IN_TRAINING = {"description", "checkpoint", "budget", "resume_check"}
+
+
+def training_hash(spec: ModelSpec) -> str:
+    """Hash of the model spec fields that decide the trained weights: a checkpoint's run."""
+    return spec_hash(spec, NOT_IN_TRAINING)
