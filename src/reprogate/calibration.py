@@ -197,7 +197,7 @@ def ece(probs: np.ndarray, gold: np.ndarray, bins: int = N_BINS) -> tuple[float,
 def prediction(
     probs_row: np.ndarray, labels: list[str], policy: Policy, oos_index: int | None
 ) -> dict[str, Any]:
-    """DESIGN's Prediction object (without model version and latency, added by callers)."""
+    """The Prediction object of docs/design.md (without model version and latency, added by callers)."""
     # Stable, so a tie goes to the first label as in argmax: the served route must be the one
     # act_mask evaluated (a tie with the out-of-scope class would otherwise flip it).
     order = np.argsort(-probs_row, kind="stable")

@@ -157,7 +157,7 @@ def _write_predictions(
     with open(path, "w", encoding="utf-8") as f:
         for r, p in zip(rows, cal, strict=True):
             said = prediction(p, scorer.labels, policy, scorer.oos_index)
-            # DESIGN's name in prediction files is `predicted`, beside `gold`; a Prediction
+            # docs/design.md's name in prediction files is `predicted`, beside `gold`; a Prediction
             # object from predict or serve calls the same answer `intent`.
             obj = {
                 "id": r["id"],
