@@ -358,6 +358,7 @@ def test_resume_under_new_packages_warns_and_records(project):
 
 def test_frozen_features_pool_the_last_layers_each_normalised(project):
     from reprogate import models
+    from reprogate.models.base import feature_key
     from reprogate.specs import ModelSpec, load_spec
 
     def featurizer(name: str, **encoder):
@@ -374,7 +375,7 @@ def test_frozen_features_pool_the_last_layers_each_normalised(project):
     blocks = emb.view(3, 4, 384)
     assert torch.allclose(blocks.norm(dim=-1), torch.ones(3, 4), atol=1e-5)
     assert torch.allclose(blocks[:, -1], plain.encode(texts), atol=1e-5)  # last block = last layer
-    assert models.feature_key(deep) != models.feature_key(plain)  # a cached split is not reused
+    assert feature_key(deep) != feature_key(plain)  # a cached split is not reused
 
     spec = _encoder_spec("frozen")
     spec["encoder"]["layers"] = 7
