@@ -12,7 +12,10 @@ from reprogate import imports
 
 # From the bottom. A module may import modules of its own layer or of layers below it.
 LAYERS = {
-    "utilities": ["errors", "hashing", "jsonl", "text", "atomic", "paths", "imports", "pause"],
+    "utilities": [
+        "errors", "hashing", "jsonl", "text", "atomic", "paths", "imports", "pause", "git", "locks",
+        "queries",
+    ],
     "specs": ["specs", "records"],
     "core": [
         "runtime", "models", "data", "fetch", "checkpoint", "distributed", "trainer", "plan",
@@ -20,7 +23,7 @@ LAYERS = {
     ],
     "domain": ["calibration", "production", "pipeline"],
     "stages": ["stages"],
-    "entry points": ["cli", "compile", "promote", "serve", "__main__"],
+    "entry points": ["cli", "compile", "promote", "promote_commit", "serve", "__main__"],
 }  # fmt: skip
 MODULES = imports.modules()
 

@@ -381,7 +381,8 @@ def test_a_pinned_url_is_downloaded_verified_and_cached(tmp_path, http_folder):
     spec_path.write_text(yaml.safe_dump(spec))
 
     first = prepare(spec_path, tmp_path)
-    cached = tmp_path / "data" / "raw" / "mine" / revision / "commands.csv"
+    sha = spec["origins"]["mine"]["files"]["commands.csv"]
+    cached = tmp_path / "data" / "raw" / "downloads" / sha / "commands.csv"
     assert cached.read_bytes() == (tmp_path / "raw" / "commands.csv").read_bytes()
     # Upstream changed under the same revision (or a proxy served something else): the pinned
     # cache keeps serving the verified bytes; nothing is fetched again.
@@ -421,7 +422,7 @@ def test_a_hub_dataset_is_fetched_from_hf_endpoint_with_hf_token(tmp_path, http_
     spec_path.write_text(yaml.safe_dump(spec))
 
     prepare(spec_path, tmp_path)
-    cached = tmp_path / "data" / "raw" / "mine" / revision / "data" / "my commands.csv"
+    cached = tmp_path / "data" / "raw" / "downloads" / sha / "my commands.csv"
     assert cached.read_bytes() == (tmp_path / "raw" / "commands.csv").read_bytes()
     path = f"/datasets/me/home-commands/resolve/{revision}/data/my%20commands.csv"
     assert seen == [(path, "Bearer hf_secret")]

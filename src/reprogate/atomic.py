@@ -1,15 +1,15 @@
-"""Folders written whole: built in a temporary sibling, then renamed over the old one.
+"""Files and folders written whole: built in a temporary sibling, then renamed over the old one.
 
-A reader never sees half a folder, and a failure leaves the old one in place. The sibling is
-named after the process that builds it, so one left behind by a killed process (SIGKILL runs
-no cleanup) is recognised and removed by the next writer instead of piling up.
+A reader never sees half a file or folder, and a failure leaves the old one in place. The
+sibling is named after the process that builds it, so one left behind by a killed process
+(SIGKILL runs no cleanup) is recognised and removed by the next writer instead of piling up.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -29,7 +29,35 @@ def remove_stale(out: Path) -> None:
     for tmp in out.parent.glob(f".{out.name}.tmp-*"):
         pid = tmp.name.rpartition("-")[2]
         if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(tmp, ignore_errors=True)
+            if tmp.is_dir():
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                tmp.unlink(missing_ok=True)
+
+
+def write_file(out: Path, data: bytes, hook: Callable[[str], None] = lambda phase: None) -> None:
+    """`out` holds `data` whole, or (after a kill or an error at any point) what it held before:
+    written to a temporary sibling, fsynced, renamed over `out`, and the folder fsynced so the
+    rename itself survives a power cut. `hook` is called at each phase (tests stop there)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(out)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data[: len(data) // 2])
+            hook("half")
+            f.write(data[len(data) // 2 :])
+            f.flush()
+            os.fsync(f.fileno())
+        hook("synced")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fd = os.open(out.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @contextmanager

@@ -11,8 +11,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from reprogate import jsonl
-from reprogate.errors import UserError
+from reprogate import jsonl, queries
+from reprogate.errors import UserError, relative
 from reprogate.runtime import DEVICES
 from reprogate.specs import find_root
 from reprogate.stages import NAMES
@@ -38,7 +38,7 @@ def _validate(args: argparse.Namespace) -> int:
             print(f"ok    {f} ({spec.kind}" + (f"; {steps} steps on the prepared data)" if steps else ")"))
         except UserError as e:
             failed += 1
-            print(f"error {e}", file=sys.stderr)
+            print(f"error {relative(str(e), root)}", file=sys.stderr)
     print(f"validate: {len(files) - failed} of {len(files)} spec(s) valid")
     return 1 if failed else 0
 
@@ -107,62 +107,19 @@ def _project() -> Path:
     return root
 
 
-def _read_inputs(args: argparse.Namespace) -> list[str]:
-    """The queries, each checked to have text; an empty one is named by its file and line."""
-    if not args.input:
-        texts = list(args.texts)
-        where = [f"query {i} on the command line" for i in range(1, len(texts) + 1)]
-    else:
-        path = Path(args.input)
-        if not path.is_file():
-            raise UserError(f"{path}: no such input file; give a .txt (one query per line) or .jsonl file.")
-        if path.suffix.lower() not in (".txt", ".jsonl", ""):
-            # A CSV or JSON file read as lines would predict on its header and its syntax.
-            raise UserError(
-                f"{path}: --input takes a .txt file (one query per line) or a .jsonl file (one "
-                f'{{"text": ...}} object per line), not {path.suffix}; convert it, or rename it to .txt '
-                "if it really is one query per line."
-            )
-        lines = jsonl.read_lines(path)
-        where = [f"{path}:{i}" for i in range(1, len(lines) + 1)]
-        texts = lines
-        if path.suffix == ".jsonl":
-            texts = []
-            for i, line in enumerate(lines, 1):
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise UserError(
-                        f"{path}:{i}: not valid JSON ({e.msg}); write one object per line."
-                    ) from None
-                if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
-                    raise UserError(
-                        f'{path}:{i}: each line needs a string field "text", e.g. {{"text": "..."}}.'
-                    )
-                texts.append(obj["text"])
-    if not texts:
-        raise UserError("nothing to predict: give one or more texts, or --input FILE.")
-    for text, at in zip(texts, where, strict=True):
-        if not text.strip():
-            # Refused rather than skipped: output line i answers input line i.
-            raise UserError(f"{at}: the query is empty; give every query some text or remove it.")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:
-            # Python turns undecodable argv bytes, and JSON's "\ud800"-style escapes, into these.
-            raise UserError(
-                f"{at}: the query holds {text[e.start]!r}, an unpaired surrogate, not a Unicode "
-                "character (bytes that were not UTF-8, or a broken \\u escape); send UTF-8 text."
-            ) from None
-    return texts
-
-
 def _predict(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from reprogate.production import load_servable
 
-    texts = _read_inputs(args)
+    path = Path(args.input) if args.input else None
+    # A file is checked whole before anything is predicted, then read again as it is answered:
+    # bounded memory, and a refusal leaves no partial output anywhere.
+    count = (
+        queries.open_input(path, args.max_chars)
+        if path
+        else len(queries.from_args(args.texts, args.max_chars))
+    )
     target = Path(args.output) if args.output else None
     if target is not None and (target.is_dir() or not target.parent.is_dir()):
         raise UserError(
@@ -172,8 +129,9 @@ def _predict(args: argparse.Namespace) -> int:
         )
     loaded = load_servable(_project(), Path(args.model) if args.model else None, args.device)
     started = time.perf_counter()
+    texts = queries.from_file(path, args.max_chars) if path else iter(args.texts)
     # A file of queries is long work: a progress bar and a closing summary, both on stderr.
-    queue = tqdm(texts, desc="predict", unit="query", mininterval=2.0) if args.input else texts
+    queue = tqdm(texts, total=count, desc="predict", unit="query", mininterval=2.0) if path else texts
     routes: Counter[str] = Counter()
 
     def predictions():
@@ -183,13 +141,25 @@ def _predict(args: argparse.Namespace) -> int:
             routes["out of scope"] += "out_of_scope" in p["reasons"]
             yield jsonl.line(p)
 
+    _write(target, predictions())
+    if path:
+        print(
+            f"predict: {count} queries from {args.input} -> {target or 'stdout'} with {loaded.version}: "
+            f"{routes['act']} act, {routes['review']} review ({routes['out of scope']} out of scope) "
+            f"in {time.perf_counter() - started:.1f} s",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _write(target: Path | None, lines) -> None:
     if target is None:
-        sys.stdout.writelines(predictions())
+        sys.stdout.writelines(lines)
     elif target.exists() and not target.is_file():
         # /dev/null, a pipe: written to as it is (renaming over it would replace the device).
         try:
             with open(target, "w", encoding="utf-8") as f:
-                f.writelines(predictions())
+                f.writelines(lines)
         except OSError as e:
             e.filename = e.filename or str(target)
             raise
@@ -198,18 +168,10 @@ def _predict(args: argparse.Namespace) -> int:
         part = target.with_name(f".{target.name}.part")
         try:
             with open(part, "w", encoding="utf-8") as f:
-                f.writelines(predictions())
+                f.writelines(lines)
             os.replace(part, target)
         finally:
             part.unlink(missing_ok=True)
-    if args.input:
-        print(
-            f"predict: {len(texts)} queries from {args.input} -> {target or 'stdout'} with {loaded.version}: "
-            f"{routes['act']} act, {routes['review']} review ({routes['out of scope']} out of scope) "
-            f"in {time.perf_counter() - started:.1f} s",
-            file=sys.stderr,
-        )
-    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -243,6 +205,12 @@ def _plan(args: argparse.Namespace) -> int:
         )
     print(line)
     return 0
+
+
+def _positive(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive whole number")
+    return int(value)
 
 
 def _port(value: str) -> int:
@@ -293,6 +261,12 @@ def build_parser() -> argparse.ArgumentParser:
     pd.add_argument("texts", nargs="*")
     pd.add_argument("--input", help=".txt (one query per line) or .jsonl with a 'text' field")
     pd.add_argument("--output", help="write JSON lines here instead of stdout")
+    pd.add_argument(
+        "--max-chars",
+        type=_positive,
+        default=queries.MAX_QUERY_CHARS,
+        help=f"refuse a query longer than this (default {queries.MAX_QUERY_CHARS}, the server's bound)",
+    )
     pd.add_argument("--model", help="a model folder (default: the one in models/production.json)")
     pd.add_argument("--device", choices=DEVICES, default="auto", help=DEVICE_HELP)
     pd.set_defaults(func=_predict)
@@ -319,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except UserError as e:
-        print(f"reprogate: {e}", file=sys.stderr)
+        print(f"reprogate: {relative(str(e), find_root(Path.cwd()))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("reprogate: interrupted", file=sys.stderr)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import os
 from pathlib import Path
 from typing import Any, get_args
 
@@ -11,6 +12,16 @@ from pydantic import BaseModel, ValidationError
 
 class UserError(Exception):
     """A mistake the user can fix. The CLI prints the message and exits 2, without traceback."""
+
+
+def relative(message: str, root: Path) -> str:
+    """`message` with the project's own location dropped from every path in it: what a user
+    reads (and what a server shows its clients) names files as the project does, relative to
+    its root, not where this host keeps it."""
+    for prefix in sorted({str(root.absolute()), str(root.resolve())}, key=len, reverse=True):
+        if prefix != os.sep:
+            message = message.replace(prefix + os.sep, "")
+    return message
 
 
 def read_json(path: Path, fix: str) -> Any:
@@ -85,6 +96,7 @@ _PATTERNS = {
     r"^[0-9a-f]{64}$": "write the file's sha256: 64 lowercase hex digits, as `sha256sum FILE` prints",
     r"^[0-9a-f]{40}$": "write a full 40-hex-digit commit id (immutable), never a branch or tag",
     r"^[a-z0-9][a-z0-9_-]*$": "use lowercase letters, digits, '-' and '_'",
+    r"^[A-Za-z0-9][A-Za-z0-9_-]*$": "use letters, digits, '-' and '_': a plain name, never a path",
 }
 
 # What a user should write instead, by pydantic error type.

@@ -1,13 +1,18 @@
 """The production model: the record promote commits, the files it pins, and a servable model.
 
-`reprogate predict` and `reprogate serve` answer only with the files models/production.json
-pins: the copy promote kept under models/.promoted/<version>/, or the workspace's models/ when
-it still holds exactly those files (after a retrain it holds a candidate, which must not
-answer under production's version).
+`reprogate predict` and `reprogate serve` answer with the record HEAD holds (in a git
+repository; a deployed copy without git has only its file) and refuse a working-tree record
+that differs from it: that is a promotion not yet committed, or a hand edit, and answering with
+it would serve a model no commit names. They answer only with the files the record pins: the
+copy promote kept under models/.promoted/<version>/, or the workspace's models/ when it still
+holds exactly those files (after a retrain it holds a candidate, which must not answer under
+production's version).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,10 +20,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from reprogate import paths
+from reprogate import git, paths
 from reprogate.calibration import Policy, prediction, probabilities
-from reprogate.errors import UserError, first_problem, read_json
-from reprogate.hashing import sha256_file
+from reprogate.errors import UserError, first_problem
 from reprogate.model_folder import Scorer, model_version
 from reprogate.records import RESTORE_PRODUCTION, ProductionRecord, Promoted
 
@@ -50,9 +54,40 @@ class Loaded:
 
 
 def production_sha256(root: Path) -> str | None:
-    """Identity of models/production.json as it is now (None when absent)."""
+    """Identity of the production record now: the working-tree file and, in a git repository,
+    HEAD's copy of it (None when neither exists). A promotion or a revert changes it."""
     path = root / paths.PRODUCTION
-    return sha256_file(path) if path.is_file() else None
+    parts = [path.read_bytes() if path.is_file() else None]
+    if git.git_dir(root) is not None:
+        parts.append(git.committed(root, paths.PRODUCTION))
+    if all(p is None for p in parts):
+        return None
+    return hashlib.sha256(json.dumps([p.hex() if p else None for p in parts]).encode()).hexdigest()
+
+
+def committed_record(root: Path) -> bytes:
+    """models/production.json as HEAD holds it, which must be what the working tree holds."""
+    path = root / paths.PRODUCTION
+    here = path.read_bytes() if path.is_file() else None
+    git_dir = git.git_dir(root)
+    if git_dir is None:  # a deployed copy: the file is all there is
+        if here is None:
+            raise UserError(f"{path} does not exist; {RESTORE_PRODUCTION}")
+        return here
+    head = git.committed(root, paths.PRODUCTION)
+    if head == here and here is not None:
+        return here
+    if (git_dir / git.PROMOTION_JOURNAL).is_file():
+        raise UserError(
+            f"{path}: a promotion was interrupted before it was committed and tagged; production "
+            "answers only with a committed record: run `reprogate promote` to finish it."
+        )
+    state = "is missing" if here is None else "is not committed" if head is None else "differs from HEAD's"
+    raise UserError(
+        f"{path} {state}: production answers only with the record HEAD holds, so nothing answers "
+        f"with a model no commit names. {RESTORE_PRODUCTION[0].upper()}{RESTORE_PRODUCTION[1:]}; "
+        "a revert or a merge of it is committed like any change."
+    )
 
 
 def _mismatch(record: Promoted, model_dir: Path, since: str) -> str | None:
@@ -94,9 +129,12 @@ def production_files(root: Path, record: Promoted) -> tuple[Path, Path]:
 
 
 def read_promoted(root: Path) -> Promoted:
-    """models/production.json with a model in it, or one paragraph saying what is wrong."""
+    """The committed production record with a model in it, or one paragraph saying what is wrong."""
     path = root / paths.PRODUCTION
-    raw = read_json(path, RESTORE_PRODUCTION) if path.is_file() else {}
+    try:
+        raw = json.loads(committed_record(root).decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} is not valid JSON ({e}); {RESTORE_PRODUCTION}") from None
     if not isinstance(raw, dict):
         raise UserError(f"{path} is not a production record; {RESTORE_PRODUCTION}")
     if not raw.get("model"):

@@ -18,12 +18,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reprogate import paths
+from reprogate import git, locks, paths, promote_commit
 from reprogate.atomic import replace_dir
 from reprogate.errors import UserError, read_json
 from reprogate.hashing import sha256_file
 from reprogate.model_folder import model_version, read_calibration
 from reprogate.paths import PRODUCTION, PROMOTED
+from reprogate.pause import pause_if
 from reprogate.records import (
     RESTORE_PRODUCTION,
     DataRecord,
@@ -32,6 +33,7 @@ from reprogate.records import (
     Fingerprint,
     ModelConfig,
     Promoted,
+    PromotionJournal,
     dumps,
     load,
     parse,
@@ -51,13 +53,6 @@ def _subject(name: str, version: str) -> str:
 def _promotes(subject: str, name: str | None = None) -> bool:
     """Whether a commit subject is `_subject`'s (for `name`, when given); a revert's is not."""
     return subject.startswith(f"promote {name} (" if name else "promote ")
-
-
-def _git(root: Path, *args: str, check: bool = True) -> str:
-    proc = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
-    if check and proc.returncode != 0:
-        raise UserError(f"git {' '.join(args)} failed: {proc.stderr.strip()}")
-    return proc.stdout.strip()
 
 
 def _dvc_status(root: Path) -> dict:
@@ -92,7 +87,7 @@ def plan(root: Path) -> dict[str, Any]:
             + "; ".join(gate["reasons"])
             + ". Production stays as it is."
         )
-    dirty = _git(root, "status", "--porcelain")
+    dirty = git.run(root, "status", "--porcelain")
     if dirty:
         raise UserError(
             "promotion refused: the workspace has uncommitted changes; commit them (with dvc.lock and "
@@ -140,7 +135,7 @@ def _record(root: Path, name: str, cand: dict[str, Any]) -> Promoted:
             params.data: spec_hash(load_spec(root / params.data)),
             params.gate: spec_hash(load_spec(root / params.gate)),
         },
-        code_commit=_git(root, "rev-parse", "HEAD"),
+        code_commit=git.run(root, "rev-parse", "HEAD"),
         heldout_accuracy=cand["heldout_accuracy"],
         heldout_accuracy_ci95=evaluation.sets["test"].accuracy_ci95,
         calibration={
@@ -165,6 +160,7 @@ def keep_promoted(root: Path, name: str, version: str) -> Path:
         with replace_dir(dest) as tmp:
             for folder in [name, *(fingerprint.members or {})]:
                 shutil.copytree(root / paths.model_dir(folder), tmp / folder)
+                pause_if("promote:copy")
             if (kept := model_version(tmp / name)) != version:
                 raise UserError(f"models/{name} holds {kept}, not the gate's {version}; run `dvc repro`.")
     except OSError as e:  # a full disk, say: nothing is committed without the copy
@@ -176,6 +172,30 @@ def keep_promoted(root: Path, name: str, version: str) -> Path:
 
 
 def promote(root: Path, dry_run: bool = False) -> str:
+    git_dir = git.git_dir(root)
+    if git_dir is None:
+        raise UserError(
+            f"{root} is not a git repository (or git is missing): a promotion is a git commit a "
+            "reviewer reads; run `git init` and commit the project, then promote."
+        )
+    if dry_run:
+        said = locks.clear(root, git_dir, dry_run=True).said(root, dry_run=True)
+        if (journal := promote_commit.pending(git_dir)) is not None:
+            return (
+                said
+                + f"would finish the interrupted promotion of {journal.model_version} (tag {journal.tag})"
+            )
+        return said + _fresh(root, git_dir, dry_run=True)
+    with promote_commit.exclusive(root, git_dir):
+        # Said at once: a refusal below must not hide that a lock file was removed.
+        print(locks.clear(root, git_dir).said(root, dry_run=False), end="", flush=True)
+        if (journal := promote_commit.pending(git_dir)) is not None:
+            commit = promote_commit.finish(root, git_dir, journal)
+            return "promote: finished a promotion a killed run had begun.\n" + _done(journal, commit)
+        return _fresh(root, git_dir, dry_run=False)
+
+
+def _fresh(root: Path, git_dir: Path, dry_run: bool) -> str:
     p = plan(root)
     written = dumps(p["record"])
     record = json.loads(written)
@@ -186,7 +206,7 @@ def promote(root: Path, dry_run: bool = False) -> str:
     ):
         # The gate chose what is already in production: another commit and tag would only add
         # noise to the history. On a clone without the kept copy, this makes it.
-        since = _git(root, "log", "-1", "--format=%h %ad", "--date=short", "--", str(PRODUCTION))
+        since = git.run(root, "log", "-1", "--format=%h %ad", "--date=short", "--", str(PRODUCTION))
         said = (
             f"promote: nothing to do: {record['model_version']} (same calibrated policy) is already in "
             f"production (since {since or 'the workspace'}); no commit, no tag"
@@ -204,35 +224,24 @@ def promote(root: Path, dry_run: bool = False) -> str:
             f"{record['model']} in {PROMOTED / record['model_version']}:\n\n{p['message']}\n\n"
             + written.rstrip()
         )
+    pause_if("promote:planned")
     keep_promoted(root, record["model"], record["model_version"])
-    path = root / PRODUCTION
-    tracked = bool(_git(root, "ls-tree", "--name-only", "HEAD", "--", str(PRODUCTION), check=False))
-    path.write_text(written)
-    _git(root, "add", str(PRODUCTION))
-    proc = subprocess.run(
-        ["git", "commit", "-q", "-F", "-", "--", str(PRODUCTION)],
-        cwd=root,
-        input=p["message"],
-        text=True,
-        capture_output=True,
+    journal = PromotionJournal(
+        base=git.run(root, "rev-parse", "HEAD"),
+        model=record["model"],
+        model_version=record["model_version"],
+        record=written,
+        message=p["message"],
+        tag=p["tag"],
     )
-    if proc.returncode != 0:
-        # Back to HEAD's record, in the index too: `add` above staged the new one.
-        if tracked:
-            _git(root, "checkout", "HEAD", "--", str(PRODUCTION), check=False)
-        else:
-            _git(root, "rm", "-q", "--cached", "--", str(PRODUCTION), check=False)
-            path.unlink(missing_ok=True)
-        said = proc.stderr.strip() or proc.stdout.strip() or f"exit {proc.returncode}"
-        raise UserError(
-            f"promotion refused: git commit failed ({said}); production is unchanged. Git needs "
-            "user.name and user.email, and every commit hook must pass; fix that and promote again."
-        )
-    _git(root, "tag", "-a", p["tag"], "-m", p["message"])
-    commit = _git(root, "rev-parse", "--short", "HEAD")
+    promote_commit.begin(git_dir, journal)
+    return _done(journal, promote_commit.finish(root, git_dir, journal))
+
+
+def _done(journal: PromotionJournal, commit: str) -> str:
     return (
-        f"promote: {record['model']} is in production (commit {commit}, tag {p['tag']}); its files "
-        f"are kept in {PROMOTED / record['model_version']}. The gate compares candidates with "
+        f"promote: {journal.model} is in production (commit {commit[:7]}, tag {journal.tag}); its files "
+        f"are kept in {PROMOTED / journal.model_version}. The gate compares candidates with "
         "production, so `dvc repro` reruns it against this one (commit its metrics/gate.json). "
         "`git push --follow-tags` publishes the commit with its tag (a plain push leaves the tag behind)."
     )
@@ -243,9 +252,9 @@ def next_number(root: Path, name: str) -> int:
     and from the promotion commits of models/production.json. A clone without the tags (a
     shallow CI checkout, a `git clone` of a branch whose tags were never pushed) would otherwise
     start again at 1 and name a second, different promotion like the first."""
-    tags = [t for t in _git(root, "tag", "--list", f"{name}#{STAGE}#*").splitlines() if t]
+    tags = [t for t in git.run(root, "tag", "--list", f"{name}#{STAGE}#*").splitlines() if t]
     tagged = max((int(t.rsplit("#", 1)[1]) for t in tags if t.rsplit("#", 1)[1].isdigit()), default=0)
-    log = _git(root, "log", "--format=%s", "--", str(PRODUCTION), check=False)
+    log = git.run(root, "log", "--format=%s", "--", str(PRODUCTION), check=False)
     committed = sum(_promotes(line, name) for line in log.splitlines())
     return 1 + max(tagged, committed)
 
@@ -255,18 +264,18 @@ def history(root: Path) -> str:
     (read from that commit's models/production.json, so a revert shows what it restored);
     `[files kept]` marks versions whose promoted files are in models/.promoted/, so reverting
     to them takes effect at once."""
-    log = _git(root, "log", "--format=%h %ad %s", "--date=short", "--", str(PRODUCTION))
+    log = git.run(root, "log", "--format=%h %ad %s", "--date=short", "--", str(PRODUCTION))
     lines = []
     for line in log.splitlines():
         commit, date, subject = line.split(" ", 2)
-        shown = _git(root, "show", f"{commit}:{PRODUCTION}", check=False)
+        shown = git.run(root, "show", f"{commit}:{PRODUCTION}", check=False)
         try:
             version = json.loads(shown).get("model_version") if shown else None
         except (json.JSONDecodeError, AttributeError):
             version = None
         kept = isinstance(version, str) and "@" in version and (root / PROMOTED / version).is_dir()
         lines.append(f"{commit} {date} {version or '(none)'}  {subject}" + ("  [files kept]" if kept else ""))
-    tags = _git(root, "tag", "--list", f"*#{STAGE}#*", "--format=%(refname:short) -> %(*objectname:short)")
+    tags = git.run(root, "tag", "--list", f"*#{STAGE}#*", "--format=%(refname:short) -> %(*objectname:short)")
     promotions = sum(_promotes(line.split(" ", 2)[2]) for line in log.splitlines())
     untagged = promotions - len(tags.splitlines())
     note = (

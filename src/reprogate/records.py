@@ -17,6 +17,7 @@ KeyError three modules away. Extra fields are kept: a newer writer's record stil
 | metrics/<m>/resume.json      | ResumeRecord      | resume_check      | gate                         |
 | metrics/gate.json            | Decision          | gate              | promote                      |
 | models/production.json       | ProductionRecord  | promote           | gate, production (serving)   |
+| <git dir>/reprogate/promotion.json | PromotionJournal | promote | promote (a rerun after a kill) |
 """
 
 from __future__ import annotations
@@ -292,3 +293,15 @@ class Promoted(ProductionRecord):
 
     model: str
     model_version: str
+
+
+class PromotionJournal(Record):
+    """<git dir>/reprogate/promotion.json: a promotion whose checks passed at commit `base`, kept
+    until its commit and tag exist, so a promote killed at any step is finished by the next."""
+
+    base: Annotated[str, Field(pattern=r"^[0-9a-f]{40}$")]
+    model: str
+    model_version: str
+    record: str  # models/production.json, byte for byte as it is committed
+    message: str
+    tag: str

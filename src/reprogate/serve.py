@@ -28,11 +28,12 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from reprogate.errors import UserError
+from reprogate.errors import UserError, relative
 from reprogate.production import load_servable as load
 from reprogate.production import production_sha256
+from reprogate.queries import MAX_QUERY_CHARS
 
-MAX_TEXT_CHARS = 1000
+MAX_TEXT_CHARS = MAX_QUERY_CHARS
 MAX_BATCH = 64
 MAX_BODY_BYTES = 256 * 1024
 log = logging.getLogger("reprogate.serve")
@@ -94,12 +95,15 @@ class Holder:
     def check(self) -> bool:
         """Reload when production.json changed; True when a new model was swapped in."""
         sha = production_sha256(self.root)
-        if sha is None or sha == self.current.source_sha256:
+        if sha is None:
+            return False
+        if sha == self.current.source_sha256:
+            self.reload_error = None  # the record is back to the one being served
             return False
         try:
             fresh = load(self.root, device=self.device)
         except Exception as e:  # keep serving the old model; say why on /healthz
-            self.reload_error = f"{type(e).__name__}: {e}"
+            self.reload_error = f"{type(e).__name__}: {relative(str(e), self.root)}"
             log.error("reload failed, still serving %s: %s", self.current.version, self.reload_error)
             return False
         self.current, self.reload_error = fresh, None  # one assignment: atomic for readers
@@ -242,7 +246,7 @@ def create_app(
             },
             "labels": len(cur.scorer.labels),
             "device": str(cur.scorer.device),
-            "files": str(cur.scorer.dir),
+            "files": relative(str(cur.scorer.dir), holder["h"].root),
         }
 
     return app

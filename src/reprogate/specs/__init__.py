@@ -1,6 +1,7 @@
 """Every spec kind: data, model, gate and params.yaml, and the one loader that reads them.
 
-Read them in this order: base (shared types), data, model, gate, params, loader.
+Read them in this order: base (shared types), data, model, gate, params, reading (bounded YAML),
+roots (where a spec may reach), loader.
 """
 
 from reprogate.specs.base import FOLDERS, OOS_LABEL, Strict, spec_hash
@@ -24,14 +25,18 @@ from reprogate.specs.loader import (
     load_params,
     load_pipeline,
     load_spec,
-    read_yaml,
     resolve_encoder_path,
 )
 from reprogate.specs.model import ModelSpec, NeighboursConfig, training_hash
 from reprogate.specs.params import Params
+from reprogate.specs.reading import read_yaml
+from reprogate.specs.roots import allowed_roots, confine, mirror_dirs
 
 __all__ = [
     "FOLDERS",
+    "allowed_roots",
+    "confine",
+    "mirror_dirs",
     "OOS_LABEL",
     "SPEC_KINDS",
     "DataSpec",

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, StringConstraints, field_validator, model_validator
 
-from reprogate.specs.base import OOS_LABEL, Commit, Fraction, Sha256, Strict
+from reprogate.specs.base import OOS_LABEL, Commit, Fraction, Sha256, Strict, plain_relative
+
+# An origin's key names its download folder (data/raw/...): a plain name, never a path.
+OriginName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$", max_length=64)]
 
 
 class UrlSource(Strict):
@@ -24,6 +27,11 @@ class UrlSource(Strict):
     @field_validator("url")
     @classmethod
     def _pinned(cls, v: str) -> str:
+        if not v.startswith(("https://", "http://")):
+            # urllib also opens file:// and ftp:// URLs: a spec must not read this machine's files.
+            raise ValueError(
+                "the URL must start with https:// (or http://); other schemes are not downloaded"
+            )
         if "{revision}" not in v or "{file}" not in v:
             raise ValueError(
                 "the URL must contain the placeholders {revision} and {file} so that every "
@@ -44,7 +52,11 @@ class HfSource(Strict):
 
 class LocalSource(Strict):
     kind: Literal["local"]
-    path: str = Field(description="Folder holding the raw files, relative to the project root.")
+    path: str = Field(
+        description="Folder holding the raw files, relative to the project root. It must resolve "
+        "(after symlinks) inside the project, the mirror, or a folder listed in params.yaml's "
+        "data_roots."
+    )
 
 
 Source = Annotated[UrlSource | HfSource | LocalSource, Field(discriminator="kind")]
@@ -55,8 +67,18 @@ class Origin(Strict):
 
     source: Source
     files: dict[str, Sha256] = Field(
-        min_length=1, description="Raw file name (path inside the source) -> its sha256."
+        min_length=1,
+        description="Raw file name (a plain relative path inside the source: no '..', no absolute "
+        "path) -> its sha256.",
     )
+
+    @field_validator("files")
+    @classmethod
+    def _plain_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if why := plain_relative(key):
+                raise ValueError(f"file name {key!r} is not a plain relative name: {why}")
+        return v
 
 
 class Table(Strict):
@@ -119,7 +141,9 @@ class DataSpec(Strict):
     kind: Literal["data"]
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", description="Dataset id (lowercase).")
     description: str = ""
-    origins: dict[str, Origin] = Field(min_length=1)
+    origins: dict[OriginName, Origin] = Field(
+        min_length=1, description="Pinned raw-file sets by name (letters, digits, _ and -)."
+    )
     train: Table
     test: Table
     labels: list[str] = Field(

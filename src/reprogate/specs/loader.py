@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from reprogate import paths
@@ -25,51 +24,12 @@ from reprogate.specs.data import DataSpec, LocalSource
 from reprogate.specs.gate import GateSpec
 from reprogate.specs.model import ModelSpec
 from reprogate.specs.params import Params
+from reprogate.specs.reading import read_yaml
+from reprogate.specs.roots import allowed_roots, confine
 
 T = TypeVar("T", bound=Strict)
 
 SPEC_KINDS: dict[str, type[Strict]] = {"data": DataSpec, "model": ModelSpec, "gate": GateSpec}
-
-
-class _SpecLoader(yaml.SafeLoader):
-    """safe_load, except that a key given twice in one mapping is an error: PyYAML would keep
-    the last one silently, and a spec would train with a value its author did not see."""
-
-    def construct_mapping(self, node, deep=False):
-        self.flatten_mapping(node)
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                first = seen.setdefault(key, key_node.start_mark.line)
-            except TypeError:  # an unhashable key: the base class reports it
-                continue
-            if first != key_node.start_mark.line:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} is given twice (first at line {first + 1})", key_node.start_mark
-                )
-        return super().construct_mapping(node, deep)
-
-
-def read_yaml(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise UserError(f"{path}: file not found; check the path (specs live under specs/).")
-    try:
-        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_SpecLoader)  # noqa: S506 (safe loader)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e)
-        fix = "keep one of them" if "given twice" in problem else "fix the indentation or quoting there"
-        raise UserError(f"{path}: not valid YAML{where}: {problem}; {fix}.") from None
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 text ({e.reason}); save it as UTF-8.") from None
-    if not isinstance(raw, dict):
-        raise UserError(
-            f"{path}: a spec must be a YAML mapping (key: value lines), got {type(raw).__name__}; "
-            "start it with 'kind: data', 'kind: model' or 'kind: gate'."
-        )
-    return raw
 
 
 def find_root(start: Path) -> Path:
@@ -142,20 +102,36 @@ def check_references(spec: Strict, root: Path) -> None:
 
 
 def _data_files(spec: DataSpec, root: Path) -> None:
+    """Every local file resolves inside an allowed root, and exists; checked before any is opened."""
+    roots = allowed_roots(root)
     for name, o in spec.origins.items():
-        if isinstance(o.source, LocalSource):
-            folder = root / o.source.path
-            for f in o.files:
-                if not (folder / f).is_file():
-                    raise Refused(
-                        (),
-                        f"origins.{name}: local file {folder / f} does not exist; "
-                        f"fix origins.{name}.source.path or put the file there",
-                    )
+        if not isinstance(o.source, LocalSource):
+            continue
+        loc = ("origins", name, "source", "path")
+        try:
+            folder = confine(
+                root, f"origins.{name}.source.path '{o.source.path}'", root / o.source.path, roots
+            )
+        except ValueError as e:
+            raise Refused(loc, str(e)) from None
+        for f in o.files:
+            try:
+                confine(root, f"origins.{name}.files '{f}'", folder / f, roots)
+            except ValueError as e:
+                raise Refused(("origins", name, "files"), str(e)) from None
+            if not (folder / f).is_file():
+                raise Refused(
+                    (),
+                    f"origins.{name}: local file {folder / f} does not exist; "
+                    f"fix origins.{name}.source.path or put the file there",
+                )
 
 
 def _data_of_model(spec: ModelSpec, root: Path) -> None:
-    data_path = root / spec.data
+    try:
+        data_path = confine(root, f"data '{spec.data}'", root / spec.data)
+    except ValueError as e:
+        raise Refused(("data",), str(e)) from None
     if not data_path.is_file():
         raise Refused(
             (),
@@ -241,6 +217,7 @@ def resolve_encoder_path(model: str, root: Path) -> str:
         return str(folder)
     local = root / model
     if local.is_dir():
+        confine(root, f"encoder.model '{model}'", local)
         if not (local / "config.json").is_file():
             raise ValueError(f"encoder.model '{model}': folder {local} holds no config.json")
         return str(local)
@@ -274,6 +251,12 @@ class Pipeline:
 
 def load_pipeline(root: Path) -> Pipeline:
     params = load_params(root)
+    for field, value in (("data", params.data), ("gate", params.gate)):
+        if not (root / value).resolve().is_relative_to(root.resolve()):
+            raise UserError(
+                f"{root / paths.PARAMS}: field '{field}' is '{value}', which is outside the project; "
+                "the pipeline's specs live in it: point it at a file under specs/."
+            )
     load_spec(root / params.data, DataSpec)
     load_spec(root / params.gate, GateSpec)
     models = {}

@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from reprogate.specs.base import Fraction, Pair, PosInt, Strict, spec_hash
+from reprogate.specs.base import Fraction, ModelName, Pair, PosInt, Strict, spec_hash
 
 
 class NgramConfig(Strict):
@@ -133,7 +133,7 @@ class ResumeCheckConfig(Strict):
 
 
 class NeighboursConfig(Strict):
-    member: str = Field(
+    member: ModelName = Field(
         description="A member of family encoder in mode frozen. Its cached embeddings of the train "
         "partition (and of the negatives, labelled out of scope, when it has an out-of-scope class) "
         "are the memory; a query's k most cosine-similar items vote for their labels."
@@ -149,7 +149,7 @@ class NeighboursConfig(Strict):
 
 
 class EnsembleConfig(Strict):
-    members: list[str] = Field(
+    members: list[ModelName] = Field(
         min_length=2,
         max_length=4,
         description="Names of model specs (specs/models/NAME.yaml) whose calibrated log-probabilities "

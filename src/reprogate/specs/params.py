@@ -4,17 +4,22 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from reprogate.specs.base import Folders, Strict
+from reprogate.specs.base import Folders, ModelName, Strict
 
 
 class Params(Strict):
     """params.yaml: which specs the pipeline runs (no `kind`: it is the pipeline's own file)."""
 
     data: str = Field(description="the data spec, e.g. specs/data/banking77.yaml")
-    models: list[str] = Field(
+    models: list[ModelName] = Field(
         min_length=1, description="model spec names, e.g. [ngram] for specs/models/ngram.yaml"
     )
     gate: str = Field(description="the gate spec, e.g. specs/gate.yaml")
     mirror: Folders = Field(
         default_factory=list, description="folders tried for raw data files before any download"
+    )
+    data_roots: Folders = Field(
+        default_factory=list,
+        description="folders outside the project that data specs may read (data kept on another "
+        "disk); a spec's paths must resolve inside the project, the mirror, or one of these",
     )

@@ -1,0 +1,209 @@
+"""Promotion: a git commit and tag a reviewer reads, production changing only through it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import copy_home, dvc_cmd, git_cmd, run_cli
+
+_git, _dvc = git_cmd, dvc_cmd
+
+
+@pytest.fixture(scope="module")
+def home(home_pipeline, tmp_path_factory) -> Path:
+    return copy_home(home_pipeline, tmp_path_factory.mktemp("promote") / "home")
+
+
+def test_a_clone_without_the_tags_numbers_the_next_promotion_after_the_committed_ones(tmp_path):
+    from reprogate.promote import history, next_number
+
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "models").mkdir()
+    record = tmp_path / "models" / "production.json"
+    for i in (1, 2, 3):
+        record.write_text(json.dumps({"model_version": f"m@{i}"}))
+        _git(tmp_path, "add", "-A")
+        _git(tmp_path, "commit", "-qm", f"promote m (m@{i}) to production")
+    _git(tmp_path, "revert", "--no-edit", "HEAD")  # a rollback is not a promotion
+    # Only the first promotion's tag came along (fetched before the others were pushed).
+    _git(tmp_path, "tag", "-a", "m#prod#1", "-m", "promote m", "HEAD~3")
+    assert next_number(tmp_path, "m") == 4 and next_number(tmp_path, "other") == 1
+    assert "2 promotion commit(s) above have no tag in this clone" in history(tmp_path)
+    _git(tmp_path, "tag", "-a", "m#prod#7", "-m", "promote m", "HEAD")  # more tags than commits
+    assert next_number(tmp_path, "m") == 8
+
+
+def test_pipeline_writes_predictions_and_a_passing_gate(home):
+    ev = json.loads((home / "metrics/tiny/eval.json").read_text())
+    assert set(ev["sets"]) == {"validation", "test", "oos_test", "real"}
+    real = [json.loads(x) for x in (home / "predictions/tiny/real.jsonl").read_text().splitlines()]
+    assert [r["gold"] for r in real] == ["lights_on", "lights_off", "set_timer", "play_music", "weather"]
+    lines = [json.loads(x) for x in (home / "predictions/tiny/test.jsonl").read_text().splitlines()]
+    assert len(lines) == ev["sets"]["test"]["n"]
+    assert list(lines[0])[:8] == [
+        "id",
+        "text",
+        "gold",
+        "predicted",
+        "probability",
+        "alternatives",
+        "route",
+        "reasons",
+    ]
+    assert len(lines[0]["alternatives"]) == 3
+    # The file is the evidence behind eval.json: its accuracy is the file's gold == predicted.
+    right = sum(x["gold"] == x["predicted"] for x in lines) / len(lines)
+    assert right == pytest.approx(ev["sets"]["test"]["accuracy"])
+    g = json.loads((home / "metrics/gate.json").read_text())
+    assert g["passed"] and g["chosen"] in ("tiny", "tiny2", "duo"), g["reasons"]
+    assert set(g["candidates"]) == {"tiny", "tiny2", "duo"}
+    best = max(c["heldout_accuracy"] for c in g["candidates"].values() if c["passed"])
+    assert g["candidates"][g["chosen"]]["heldout_accuracy"] == best
+    duo = json.loads((home / "metrics/duo/train.json").read_text())
+    assert set(duo["weights"]) == {"tiny", "tiny2"} and all(w > 0 for w in duo["weights"].values())
+    resume = {r["rule"]: r for r in g["candidates"]["duo"]["rules"]}["resume_equivalence"]
+    assert resume["verdict"] == "pass"  # an ensemble's resume evidence is its members' checks
+    for name, c in g["candidates"].items():  # the declared real-utterance set has its own rule
+        real_rule = {r["rule"]: r for r in c["rules"]}["real_utterance_accuracy"]
+        measured = json.loads((home / f"metrics/{name}/eval.json").read_text())["sets"]["real"]["accuracy"]
+        assert real_rule["value"] == measured and real_rule["threshold"] == 0.6
+        assert real_rule["verdict"] == ("pass" if measured >= 0.6 else "fail")
+    assert json.loads((home / "models/tiny/calibration.json").read_text())["fitted_on"][
+        "out_of_scope_sets"
+    ] == ["oos_val"]
+
+
+def test_a_refused_commit_leaves_production_and_the_index_as_they_were(home):
+    # A commit hook that says no (or git without an identity): promote must not leave the new
+    # record behind, neither in the file nor staged for the next commit someone makes.
+    before = (home / "models/production.json").read_bytes()
+    head = _git(home, "rev-parse", "HEAD")
+    hook = home / ".git" / "hooks" / "pre-commit"
+    hook.write_text("#!/bin/sh\necho 'policy: no commits today' >&2\nexit 1\n")
+    hook.chmod(0o755)
+    try:
+        proc = run_cli("promote", cwd=home)
+    finally:
+        hook.unlink()
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "git commit failed (policy: no commits today); production is unchanged" in proc.stderr
+    assert (home / "models/production.json").read_bytes() == before
+    assert _git(home, "rev-parse", "HEAD") == head and _git(home, "status", "--porcelain").strip() == ""
+    assert _git(home, "tag", "--list", "*#prod#*").strip() == ""
+
+
+def test_promote_refuses_a_dirty_workspace_then_commits_and_tags(home):
+    before = (home / "models/production.json").read_bytes()
+    (home / "notes.txt").write_text("an uncommitted change\n")
+    refused = run_cli("promote", cwd=home)
+    assert refused.returncode == 2 and "uncommitted changes" in refused.stderr
+    assert (home / "models/production.json").read_bytes() == before
+    _git(home, "add", "-A")
+    _git(home, "commit", "-qm", "home pipeline results")
+    chosen = json.loads((home / "metrics/gate.json").read_text())["chosen"]
+    dry = run_cli("promote", "--dry-run", cwd=home, check=True)
+    assert "would write models/production.json" in dry.stdout and f"{chosen}#prod#1" in dry.stdout
+    assert (home / "models/production.json").read_bytes() == before
+    env = {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
+    done = run_cli("promote", cwd=home, env=env, check=True)
+    assert f"tag {chosen}#prod#1" in done.stdout
+    prod = json.loads((home / "models/production.json").read_text())
+    assert prod["model"] == chosen and prod["code_commit"] == _git(home, "rev-parse", "HEAD~1").strip()
+    assert f"models/{chosen}/model.safetensors" in prod["artifacts"]
+    # The promoted files are kept beside the record (git-ignored): production outlives a retrain.
+    kept = home / "models/.promoted" / prod["model_version"] / chosen
+    assert (kept / "model.safetensors").read_bytes() == (
+        home / f"models/{chosen}/model.safetensors"
+    ).read_bytes()
+    assert _git(home, "status", "--porcelain").strip() == ""
+    message = _git(home, "log", "-1", "--format=%B")
+    for rule in (
+        "heldout_accuracy",
+        "ece",
+        "wrong_action_rate",
+        "false_positive_action_rate",
+        "resume_equivalence",
+    ):
+        assert f"- {rule}:" in message
+    assert _git(home, "tag", "--list", "*#prod#*").split() == [f"{chosen}#prod#1"]
+    assert _git(home, "cat-file", "-t", f"{chosen}#prod#1").strip() == "tag"  # annotated
+    assert f"are kept in models/.promoted/{prod['model_version']}" in done.stdout
+    assert "`git push --follow-tags` publishes the commit with its tag" in done.stdout
+    history = run_cli("history", cwd=home, check=True).stdout
+    assert f"promote {chosen} ({prod['model_version']}) to production  [files kept]" in history
+    # The gate reruns against the new production and chooses the same model: promoting it again
+    # adds no commit and no tag.
+    _dvc(home, "repro")
+    _git(home, "add", "-A")
+    _git(home, "commit", "-qm", "gate against the new production")
+    head = _git(home, "rev-parse", "HEAD")
+    again = run_cli("promote", cwd=home, env=env, check=True)
+    assert (
+        f"nothing to do: {prod['model_version']} (same calibrated policy) is already in production"
+        in again.stdout
+    )
+    assert _git(home, "rev-parse", "HEAD") == head
+    assert _git(home, "tag", "--list", "*#prod#*").split() == [f"{chosen}#prod#1"]
+    # A rollback is a revert of the promotion commit; history says what each commit put there.
+    _git(home, "revert", "--no-edit", "HEAD~1")
+    _git(home, "revert", "--no-edit", "HEAD")
+    newest = [line.split(" ", 2)[2] for line in run_cli("history", cwd=home).stdout.splitlines()[:3]]
+    restored = f'{prod["model_version"]}  Revert "Revert'
+    assert newest[0].startswith(restored) and newest[0].endswith("[files kept]")
+    assert newest[1].startswith('(none)  Revert "promote')
+    assert newest[2].startswith(f"{prod['model_version']}  promote {chosen}") and "[files kept]" in newest[2]
+
+
+def test_predict_routes_queries_with_the_production_model(home):
+    out = run_cli(
+        "predict", "turn on the kitchen lights", "what is the capital of peru", cwd=home, check=True
+    )
+    first, second = (json.loads(x) for x in out.stdout.splitlines())
+    assert first["intent"] == "lights_on" and first["route"] in ("act", "review")
+    assert {
+        "intent",
+        "probability",
+        "alternatives",
+        "route",
+        "reasons",
+        "model_version",
+        "latency_ms",
+    } <= set(first)
+    chosen = json.loads((home / "models/production.json").read_text())["model"]
+    policy = json.loads((home / f"models/{chosen}/calibration.json").read_text())["policy"]
+    for p in (first, second):  # the route follows the calibrated policy, and says why
+        assert (p["route"] == "review") == bool(p["reasons"])
+        assert ("low_confidence" in p["reasons"]) == (p["probability"] < policy["threshold"])
+    (home / "q.txt").write_text("set a timer for 5 minutes\nplay some jazz\n")
+    run_cli("predict", "--input", "q.txt", "--output", "out.jsonl", cwd=home, check=True)
+    assert len((home / "out.jsonl").read_text().splitlines()) == 2
+    bad = run_cli("predict", "", cwd=home)
+    assert bad.returncode == 2 and "query 1 on the command line: the query is empty" in bad.stderr
+    # An empty line is refused, not skipped, and named by file and line: output i answers input i.
+    (home / "gap.txt").write_text("set a timer for 5 minutes\n\nplay some jazz\n")
+    bad = run_cli("predict", "--input", "gap.txt", "--output", "gap.jsonl", cwd=home)
+    assert bad.returncode == 2 and "gap.txt:2: the query is empty" in bad.stderr
+    assert "Traceback" not in bad.stderr and not (home / "gap.jsonl").exists()
+
+
+def test_failed_gate_leaves_production_untouched(home):
+    before = (home / "models/production.json").read_bytes()
+    gate_spec = home / "specs/gate.yaml"
+    gate_spec.write_text(
+        gate_spec.read_text().replace("heldout_accuracy_min: 0.7", "heldout_accuracy_min: 1.0")
+    )
+    _dvc(home, "repro", "gate")
+    assert json.loads((home / "metrics/gate.json").read_text())["passed"] is False
+    _git(home, "add", "-A")
+    _git(home, "commit", "-qm", "stricter gate")
+    refused = run_cli("promote", cwd=home)
+    assert refused.returncode == 2 and "the gate did not pass" in refused.stderr
+    assert (home / "models/production.json").read_bytes() == before
