@@ -7,6 +7,8 @@ ifneq ($(wildcard ../shared/datasets),)
 export REPROGATE_MIRROR ?= $(abspath ../shared/datasets)
 endif
 export PATH := $(BIN):$(PATH)
+# Test workers: one per core, at most 4 (each holds its own torch and fixtures).
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && echo 4 || echo $$n)
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
@@ -31,7 +33,7 @@ test: venv
 	ruff check src tests bench
 	reprogate validate specs/
 	reprogate compile --check
-	python -m pytest
+	python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 lint: venv
 	ruff check src tests bench

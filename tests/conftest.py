@@ -166,9 +166,23 @@ def build_home_pipeline(dest: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def home_pipeline(tmp_path_factory) -> Path:
-    """build_home_pipeline, once per session; tests copy it (copy_home) before changing anything."""
-    return build_home_pipeline(tmp_path_factory.mktemp("home-pipeline"))
+def home_pipeline(tmp_path_factory, worker_id) -> Path:
+    """build_home_pipeline, once per test session even across xdist workers (`make test` runs
+    files in parallel): the first worker builds it under a file lock, the others reuse it.
+    Tests copy it (copy_home) before changing anything."""
+    from filelock import FileLock
+
+    if worker_id == "master":  # not under xdist
+        return build_home_pipeline(tmp_path_factory.mktemp("home-pipeline"))
+    shared = tmp_path_factory.getbasetemp().parent / "home-pipeline"
+    built = shared.with_name("home-pipeline.built")  # beside it: the copy's git status stays clean
+    with FileLock(str(shared) + ".lock"):
+        if not built.is_file():
+            shutil.rmtree(shared, ignore_errors=True)
+            shared.mkdir()
+            build_home_pipeline(shared)
+            built.touch()
+    return shared
 
 
 def copy_home(home_pipeline: Path, dest: Path) -> Path:

@@ -346,7 +346,7 @@ def test_a_hand_edited_production_record_is_named_not_a_traceback(project, edit,
         record.write_text(json.dumps(json.loads(good) | edit))
         proc = run_cli("predict", "play some jazz", cwd=project)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-        assert f"{record}: {said}" in proc.stderr
+        assert f"models/production.json: {said}" in proc.stderr and str(project) not in proc.stderr
         assert "git checkout HEAD -- models/production.json" in proc.stderr
     finally:
         record.write_bytes(good)

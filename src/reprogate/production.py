@@ -71,12 +71,10 @@ def committed_record(root: Path) -> bytes:
     here = path.read_bytes() if path.is_file() else None
     git_dir = git.git_dir(root)
     if git_dir is None:  # a deployed copy: the file is all there is
-        if here is None:
-            raise UserError(f"{path} does not exist; {RESTORE_PRODUCTION}")
-        return here
+        return here if here is not None else b"{}"
     head = git.committed(root, paths.PRODUCTION)
-    if head == here and here is not None:
-        return here
+    if head == here:  # both absent: nothing promoted yet
+        return here if here is not None else b"{}"
     if (git_dir / git.PROMOTION_JOURNAL).is_file():
         raise UserError(
             f"{path}: a promotion was interrupted before it was committed and tagged; production "
