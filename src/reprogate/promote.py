@@ -227,7 +227,7 @@ def _fresh(root: Path, git_dir: Path, dry_run: bool) -> str:
     pause_if("promote:planned")
     keep_promoted(root, record["model"], record["model_version"])
     journal = PromotionJournal(
-        base=git.run(root, "rev-parse", "HEAD"),
+        base=record["code_commit"],  # the commit whose gate, tree and DVC state were checked
         model=record["model"],
         model_version=record["model_version"],
         record=written,
