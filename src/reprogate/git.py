@@ -17,13 +17,19 @@ PROMOTION_JOURNAL = STATE / "promotion.json"
 PROMOTE_LOCK = STATE / "promote.flock"
 
 
-def completed(root: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+def _call(root: Path, args: tuple[str, ...], stdin: str | None = None, text: bool = True):
+    """git's CompletedProcess, or None when git is not installed."""
     try:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, input=stdin)
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=text, input=stdin)
     except FileNotFoundError:
-        raise UserError(
-            "git is not installed (or not on PATH); promotion is a git commit: install git."
-        ) from None
+        return None
+
+
+def completed(root: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    proc = _call(root, args, stdin)
+    if proc is None:
+        raise UserError("git is not installed (or not on PATH); promotion is a git commit: install git.")
+    return proc
 
 
 def run(root: Path, *args: str, check: bool = True, stdin: str | None = None) -> str:
@@ -36,23 +42,15 @@ def run(root: Path, *args: str, check: bool = True, stdin: str | None = None) ->
 def git_dir(root: Path) -> Path | None:
     """The repository's git folder, or None when `root` is not in a git work tree (a deployed
     copy of the project) or git is missing."""
-    try:
-        proc = subprocess.run(
-            ["git", "rev-parse", "--absolute-git-dir"], cwd=root, capture_output=True, text=True
-        )
-    except FileNotFoundError:
-        return None
-    return Path(proc.stdout.strip()) if proc.returncode == 0 else None
+    proc = _call(root, ("rev-parse", "--absolute-git-dir"))
+    return Path(proc.stdout.strip()) if proc is not None and proc.returncode == 0 else None
 
 
 def committed(root: Path, path: Path, rev: str = "HEAD") -> bytes | None:
     """`path` (relative to `root`) as commit `rev` holds it; None if that commit lacks it."""
-    proc = subprocess.run(["git", "show", f"{rev}:./{path.as_posix()}"], cwd=root, capture_output=True)
-    return proc.stdout if proc.returncode == 0 else None
+    proc = _call(root, ("show", f"{rev}:./{path.as_posix()}"), text=False)
+    return proc.stdout if proc is not None and proc.returncode == 0 else None
 
 
 def head(root: Path) -> str | None:
-    proc = subprocess.run(
-        ["git", "rev-parse", "-q", "--verify", "HEAD"], cwd=root, capture_output=True, text=True
-    )
-    return proc.stdout.strip() if proc.returncode == 0 else None
+    return run(root, "rev-parse", "-q", "--verify", "HEAD", check=False) or None

@@ -10,6 +10,7 @@ file and line.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,22 +23,34 @@ def line(obj: Any, sort_keys: bool = False) -> str:
     return json.dumps(obj, ensure_ascii=False, sort_keys=sort_keys).translate(_LINE_BREAKS) + "\n"
 
 
+def iter_lines(path: Path, limit: int | None = None) -> Iterator[tuple[int, str | None]]:
+    """(line number, text) of each line, split on newlines only: str.splitlines would also split
+    inside a query (or a JSON string) at U+2028, form feeds and the like. A UTF-8 BOM and CRLF
+    line ends are dropped. Read one line at a time, at most `limit` bytes of it: a longer line
+    is (number, None), and reading stops there, however much of the line is left."""
+    with open(path, "rb") as f:
+        number = 0
+        while raw := f.readline(-1 if limit is None else limit + 1):
+            number += 1
+            if number == 1:
+                raw = raw.removeprefix(b"\xef\xbb\xbf")
+            if limit is not None and not raw.endswith(b"\n") and len(raw) > limit:
+                yield number, None
+                return
+            raw = raw.removesuffix(b"\n").removesuffix(b"\r")
+            try:
+                yield number, raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise UserError(
+                    f"{path}:{number}: byte 0x{raw[e.start]:02x} is not UTF-8 (column {e.start + 1} of "
+                    f"this line); save the file as UTF-8 (for example `iconv -f latin1 -t utf-8 "
+                    f"{path.name}`)."
+                ) from None
+
+
 def read_lines(path: Path) -> list[str]:
-    """The file's lines, split on newlines only: str.splitlines would also split inside a
-    query (or a JSON string) at U+2028, form feeds and the like. A UTF-8 BOM and CRLF line ends
-    are dropped."""
-    data = path.read_bytes().removeprefix(b"\xef\xbb\xbf")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line_no = data.count(b"\n", 0, e.start) + 1
-        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        raise UserError(
-            f"{path}:{line_no}: byte 0x{data[e.start]:02x} is not UTF-8 (column {column} of this "
-            f"line); save the file as UTF-8 (for example `iconv -f latin1 -t utf-8 {path.name}`)."
-        ) from None
-    lines = [line.removesuffix("\r") for line in text.split("\n")]
-    return lines[:-1] if lines and lines[-1] == "" else lines
+    """Every line of the file, as iter_lines reads them."""
+    return [text for _, text in iter_lines(path) if text is not None]
 
 
 def read_jsonl(path: Path) -> list[dict]:

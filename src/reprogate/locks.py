@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -52,20 +51,6 @@ def live(root: Path, tool: str) -> list[tuple[int, str]]:
     return found
 
 
-@dataclass(frozen=True)
-class Stale:
-    """What clear() found: the stale files (removed unless it was a dry run)."""
-
-    files: list[Path]
-
-    def said(self, root: Path, dry_run: bool) -> str:
-        if not self.files:
-            return ""
-        names = ", ".join(str(f.relative_to(root)) if f.is_relative_to(root) else str(f) for f in self.files)
-        verb = "would remove" if dry_run else "removed"
-        return f"promote: {verb} {names}, left by a git or DVC process that is gone (killed or crashed)\n"
-
-
 def _busy(root: Path, lock: Path, tool: str, owners: list[tuple[int, str]]) -> UserError:
     who = "; ".join(f"pid {pid}: {cmd}" for pid, cmd in owners)
     return UserError(
@@ -85,9 +70,10 @@ def _rwlock_corrupt(path: Path) -> bool:
     return False
 
 
-def clear(root: Path, git_dir: Path | None, dry_run: bool = False) -> Stale:
-    """Remove git lock files and a half-written DVC rwlock whose owner is gone; refuse, naming
-    the file, its owner and the fix, when a git or DVC process is still working here."""
+def clear(root: Path, git_dir: Path | None, dry_run: bool = False) -> str:
+    """Remove git lock files and a half-written DVC rwlock whose owner is gone, and say which
+    ("" when none); refuse, naming the file, its owner and the fix, when a git or DVC process
+    is still working here. A dry run only says what it would remove."""
     stale: list[Path] = []
     locks = git_locks(git_dir) if git_dir else []
     if locks:
@@ -99,7 +85,11 @@ def clear(root: Path, git_dir: Path | None, dry_run: bool = False) -> Stale:
         if owners := live(root, "dvc"):
             raise _busy(root, rwlock, "DVC", owners)
         stale.append(rwlock)
+    if not stale:
+        return ""
     if not dry_run:
         for f in stale:
             f.unlink(missing_ok=True)
-    return Stale(stale)
+    names = ", ".join(str(f.relative_to(root)) if f.is_relative_to(root) else str(f) for f in stale)
+    verb = "would remove" if dry_run else "removed"
+    return f"promote: {verb} {names}, left by a git or DVC process that is gone (killed or crashed)\n"

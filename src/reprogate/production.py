@@ -53,39 +53,57 @@ class Loaded:
         ]
 
 
-def production_sha256(root: Path) -> str | None:
-    """Identity of the production record now: the working-tree file and, in a git repository,
-    HEAD's copy of it (None when neither exists). A promotion or a revert changes it."""
-    path = root / paths.PRODUCTION
-    parts = [path.read_bytes() if path.is_file() else None]
-    if git.git_dir(root) is not None:
-        parts.append(git.committed(root, paths.PRODUCTION))
-    if all(p is None for p in parts):
-        return None
-    return hashlib.sha256(json.dumps([p.hex() if p else None for p in parts]).encode()).hexdigest()
+# Said wherever the record is refused as it stands.
+RESTORE = f"{RESTORE_PRODUCTION[0].upper()}{RESTORE_PRODUCTION[1:]}"
 
 
-def committed_record(root: Path) -> bytes:
-    """models/production.json as HEAD holds it, which must be what the working tree holds."""
-    path = root / paths.PRODUCTION
-    here = path.read_bytes() if path.is_file() else None
-    git_dir = git.git_dir(root)
-    if git_dir is None:  # a deployed copy: the file is all there is
-        return here if here is not None else b"{}"
-    head = git.committed(root, paths.PRODUCTION)
-    if head == here:  # both absent: nothing promoted yet
-        return here if here is not None else b"{}"
-    if (git_dir / git.PROMOTION_JOURNAL).is_file():
-        raise UserError(
-            f"{path}: a promotion was interrupted before it was committed and tagged; production "
-            "answers only with a committed record: run `reprogate promote` to finish it."
+@dataclass(frozen=True)
+class Sources:
+    """models/production.json as the working tree and, in a git repository, HEAD hold it; read
+    once, so the identity a server watches and the record it loads are the same bytes."""
+
+    here: bytes | None
+    head: bytes | None
+    git_dir: Path | None
+
+    @classmethod
+    def read(cls, root: Path) -> Sources:
+        path = root / paths.PRODUCTION
+        here = path.read_bytes() if path.is_file() else None
+        git_dir = git.git_dir(root)
+        return cls(here, git.committed(root, paths.PRODUCTION) if git_dir else None, git_dir)
+
+    def identity(self) -> str | None:
+        """Changes with a promotion, a revert or an edit; None when there is no record at all."""
+        parts = [self.here] + ([self.head] if self.git_dir else [])
+        if all(p is None for p in parts):
+            return None
+        return hashlib.sha256(json.dumps([p.hex() if p else None for p in parts]).encode()).hexdigest()
+
+    def committed(self, root: Path) -> bytes:
+        """The record HEAD holds, which must be what the working tree holds."""
+        if self.git_dir is None or self.head == self.here:  # a deployed copy has only its file
+            return self.here if self.here is not None else b"{}"  # none at all: nothing promoted
+        path = root / paths.PRODUCTION
+        if (self.git_dir / git.PROMOTION_JOURNAL).is_file():
+            raise UserError(
+                f"{path}: a promotion was interrupted before it was committed and tagged; production "
+                "answers only with a committed record: run `reprogate promote` to finish it."
+            )
+        here, head = self.here, self.head
+        state = (
+            "is missing" if here is None else "is not committed" if head is None else "differs from HEAD's"
         )
-    state = "is missing" if here is None else "is not committed" if head is None else "differs from HEAD's"
-    raise UserError(
-        f"{path} {state}: production answers only with the record HEAD holds, so nothing answers "
-        f"with a model no commit names. {RESTORE_PRODUCTION[0].upper()}{RESTORE_PRODUCTION[1:]}; "
-        "a revert or a merge of it is committed like any change."
-    )
+        raise UserError(
+            f"{path} {state}: production answers only with the record HEAD holds, so nothing answers "
+            f"with a model no commit names. {RESTORE}; a revert or a merge of it is committed like "
+            "any change."
+        )
+
+
+def production_sha256(root: Path) -> str | None:
+    """Identity of the production record now (see Sources)."""
+    return Sources.read(root).identity()
 
 
 def _mismatch(record: Promoted, model_dir: Path, since: str) -> str | None:
@@ -126,11 +144,11 @@ def production_files(root: Path, record: Promoted) -> tuple[Path, Path]:
     return root / paths.model_dir(name), root / paths.MODELS
 
 
-def read_promoted(root: Path) -> Promoted:
+def read_promoted(root: Path, sources: Sources) -> Promoted:
     """The committed production record with a model in it, or one paragraph saying what is wrong."""
     path = root / paths.PRODUCTION
     try:
-        raw = json.loads(committed_record(root).decode("utf-8"))
+        raw = json.loads(sources.committed(root).decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{path} is not valid JSON ({e}); {RESTORE_PRODUCTION}") from None
     if not isinstance(raw, dict):
@@ -145,8 +163,7 @@ def read_promoted(root: Path) -> Promoted:
     except ValidationError as e:
         field, found = first_problem(e)
         raise UserError(
-            f"{path}: field '{field}': {found}; it is not the record `reprogate promote` wrote. "
-            f"{RESTORE_PRODUCTION[0].upper()}{RESTORE_PRODUCTION[1:]}."
+            f"{path}: field '{field}': {found}; it is not the record `reprogate promote` wrote. {RESTORE}."
         ) from None
 
 
@@ -156,8 +173,9 @@ def load_servable(root: Path, model_dir: Path | None = None, device: str = "auto
     record: Promoted | None = None
     source = None
     if model_dir is None:
-        source = production_sha256(root)
-        record = read_promoted(root)
+        sources = Sources.read(root)
+        source = sources.identity()
+        record = read_promoted(root, sources)
         model_dir, members_dir = production_files(root, record)
     else:
         members_dir = model_dir.parent

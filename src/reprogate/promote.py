@@ -179,7 +179,7 @@ def promote(root: Path, dry_run: bool = False) -> str:
             "reviewer reads; run `git init` and commit the project, then promote."
         )
     if dry_run:
-        said = locks.clear(root, git_dir, dry_run=True).said(root, dry_run=True)
+        said = locks.clear(root, git_dir, dry_run=True)
         if (journal := promote_commit.pending(git_dir)) is not None:
             return (
                 said
@@ -188,7 +188,7 @@ def promote(root: Path, dry_run: bool = False) -> str:
         return said + _fresh(root, git_dir, dry_run=True)
     with promote_commit.exclusive(root, git_dir):
         # Said at once: a refusal below must not hide that a lock file was removed.
-        print(locks.clear(root, git_dir).said(root, dry_run=False), end="", flush=True)
+        print(locks.clear(root, git_dir), end="", flush=True)
         if (journal := promote_commit.pending(git_dir)) is not None:
             commit = promote_commit.finish(root, git_dir, journal)
             return "promote: finished a promotion a killed run had begun.\n" + _done(journal, commit)

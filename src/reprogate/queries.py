@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from reprogate.errors import UserError
+from reprogate.jsonl import iter_lines
 
 # The server's bound on one query (serve.py refuses longer ones with a 422), and predict's default.
 MAX_QUERY_CHARS = 1000
@@ -30,32 +31,6 @@ def _too_long(at: str, max_chars: int) -> UserError:
         f"{at}: the query is over {max_chars} characters (the server's bound too); shorten or split "
         "it, or raise the bound with --max-chars if such queries are meant."
     )
-
-
-def _decode(raw: bytes, at: str, path: Path) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise UserError(
-            f"{at}: byte 0x{raw[e.start]:02x} is not UTF-8 (column {e.start + 1} of this line); save "
-            f"the file as UTF-8 (for example `iconv -f latin1 -t utf-8 {path.name}`)."
-        ) from None
-
-
-def _lines(path: Path, limit: int) -> Iterator[tuple[int, bytes | None]]:
-    """(line number, bytes without the line end), split on b"\\n" only: str.splitlines would
-    also split inside a query at U+2028, form feeds and the like. A UTF-8 BOM and CRLF line
-    ends are dropped. A line over `limit` bytes is (number, None), and the read stops there."""
-    with open(path, "rb") as f:
-        number = 0
-        while raw := f.readline(limit + 1):
-            number += 1
-            if number == 1:
-                raw = raw.removeprefix(b"\xef\xbb\xbf")
-            if not raw.endswith(b"\n") and len(raw) > limit:
-                yield number, None
-                return
-            yield number, raw.removesuffix(b"\n").removesuffix(b"\r")
 
 
 def _text_of(line: str, at: str) -> str:
@@ -88,13 +63,12 @@ def check(text: str, at: str, max_chars: int) -> str:
 
 def from_file(path: Path, max_chars: int) -> Iterator[str]:
     """Every query of a .txt (one per line) or .jsonl ({"text": ...} per line) file, checked."""
-    jsonl = path.suffix.lower() == ".jsonl"
-    for number, raw in _lines(path, _line_bytes(max_chars, jsonl)):
+    is_jsonl = path.suffix.lower() == ".jsonl"
+    for number, line in iter_lines(path, _line_bytes(max_chars, is_jsonl)):
         at = f"{path}:{number}"
-        if raw is None:
+        if line is None:
             raise _too_long(at, max_chars)
-        line = _decode(raw, at, path)
-        yield check(_text_of(line, at) if jsonl else line, at, max_chars)
+        yield check(_text_of(line, at) if is_jsonl else line, at, max_chars)
 
 
 def open_input(path: Path, max_chars: int) -> int:
