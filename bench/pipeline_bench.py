@@ -34,7 +34,7 @@ QUALITY_TARGETS = [
 
 
 def quality(clone: Path, name: str) -> list[float]:
-    sets = json.loads((clone / "metrics" / name / "eval.json").read_text())["sets"]
+    sets = json.loads((clone / "results" / name / "eval.json").read_text())["sets"]
     test = sets["test"]
     fp = max(s["false_positive_action_rate"] for s in sets.values() if s["kind"] == "out_of_scope")
     return [test["accuracy"], test["ece_after"], fp, test["coverage"]]
@@ -51,7 +51,7 @@ def main() -> None:
         wall = time.perf_counter() - start
         if proc.returncode != 0:
             sys.exit(f"pipeline bench: dvc repro failed after {wall:.0f} s:\n{proc.stderr[-3000:]}")
-        gate = json.loads((clone / "metrics" / "gate.json").read_text())
+        gate = json.loads((clone / "results" / "gate.json").read_text())
         names = list(gate["candidates"])
         print(
             f"dvc repro --force, nothing to gate: {wall:.1f} s; target {WALL_TARGET_S:.0f} s; "

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from reprogate import checkpoint
+from reprogate import checkpoint, runlog
 from tests.conftest import TINY_NGRAM, make_home_project, run_cli, write_model_spec
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -90,7 +90,7 @@ def test_resume_check_is_bitwise_on_cuda(project, name):
     write_model_spec(project, name, RESUME_CASES[name])
     proc = run_cli("stage", "resume_check", name, cwd=project)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads((project / "metrics" / name / "resume.json").read_text())
+    result = json.loads((project / "results" / name / "resume.json").read_text())
     assert result["passed"] and result["device"] == "cuda" and result["tolerance"] == 0.0
     assert result["child_returncode"] == -9 and result["restored_step"] == 4 and result["final_step"] == 8
     assert all(f["max_abs_diff"] == 0.0 for f in result["fields"].values()), result["fields"]
@@ -116,7 +116,8 @@ def test_a_model_trained_on_cuda_scores_the_same_on_a_cpu_only_host(project, spe
     write_model_spec(project, name, spec)
     for stage in ("train", "calibrate", "evaluate"):
         run_cli("stage", stage, name, cwd=project, check=True)
-    assert json.loads((project / "metrics" / name / "train.json").read_text())["device"].startswith("cuda")
+    log, _ = runlog.read(project / "logs" / f"train@{name}.jsonl")
+    assert log[-1].telemetry["device"].startswith("cuda")
     on_gpu = _predictions(project / "predictions" / name)
     run_cli("stage", "evaluate", name, cwd=project, env={"CUDA_VISIBLE_DEVICES": ""}, check=True)
     on_cpu = _predictions(project / "predictions" / name)

@@ -143,9 +143,9 @@ def _eval(acc: float, fp: float, wrong: float = 0.01, ece_after: float = 0.03) -
 
 def test_best_accuracy_can_lose_to_a_safer_model(tmp_path):
     for name, ev in {"sharp": _eval(0.95, fp=0.05), "safe": _eval(0.92, fp=0.004)}.items():
-        (tmp_path / "metrics" / name).mkdir(parents=True)
-        (tmp_path / "metrics" / name / "eval.json").write_text(json.dumps(ev))
-        (tmp_path / "metrics" / name / "resume.json").write_text(json.dumps({"passed": True}))
+        (tmp_path / "results" / name).mkdir(parents=True)
+        (tmp_path / "results" / name / "eval.json").write_text(json.dumps(ev))
+        (tmp_path / "results" / name / "resume.json").write_text(json.dumps({"passed": True}))
     (tmp_path / "specs").mkdir()
     (tmp_path / "specs" / "gate.yaml").write_text("kind: gate\n")
     r = gate.decide(tmp_path, ["sharp", "safe"], tmp_path / "specs" / "gate.yaml")
@@ -160,7 +160,13 @@ def test_best_accuracy_can_lose_to_a_safer_model(tmp_path):
         "note": "highest of ['oos_test']: oos_test",
     }
     assert sharp["heldout_accuracy"]["verdict"] == "pass"
-    assert json.loads((tmp_path / "metrics" / "gate.json").read_text()) == r
+    assert json.loads((tmp_path / "results" / "gate.json").read_text()) == r
+    # The DVC metric is the verdicts only; every rule's value and threshold stays in results/.
+    assert json.loads((tmp_path / "metrics" / "gate.json").read_text()) == {
+        "passed": True,
+        "chosen": "safe",
+        "candidates": {"sharp": False, "safe": True},
+    }
 
 
 def test_candidate_worse_than_production_beyond_its_interval_fails():
@@ -273,20 +279,20 @@ def test_failed_resume_check_or_missing_metrics_fail_the_gate(tmp_path):
     (tmp_path / "gate.yaml").write_text("kind: gate\n")
     r = gate.decide(tmp_path, ["newcomer"], tmp_path / "gate.yaml")
     assert not r["passed"] and r["chosen"] is None and r["candidates"]["newcomer"]["not_evaluated"]
-    assert "newcomer: not evaluated (no metrics/newcomer/eval.json" in gate.summary(r)
+    assert "newcomer: not evaluated (no results/newcomer/eval.json" in gate.summary(r)
     assert "run `reprogate compile`, then `dvc repro`" in gate.summary(r)
 
 
 def test_damaged_evidence_is_a_recorded_failure_not_a_crash(tmp_path):
     (tmp_path / "gate.yaml").write_text("kind: gate\n")
-    (tmp_path / "metrics" / "cut").mkdir(parents=True)
-    (tmp_path / "metrics" / "cut" / "eval.json").write_text('{"sets": {"test": ')  # a killed writer
-    (tmp_path / "metrics" / "cut" / "resume.json").write_text("<<<<<<< HEAD\n")  # a merge conflict
+    (tmp_path / "results" / "cut").mkdir(parents=True)
+    (tmp_path / "results" / "cut" / "eval.json").write_text('{"sets": {"test": ')  # a killed writer
+    (tmp_path / "results" / "cut" / "resume.json").write_text("<<<<<<< HEAD\n")  # a merge conflict
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "production.json").write_text('<<<<<<< HEAD\n{"model": "a"}\n=======\n')
     r = gate.decide(tmp_path, ["cut"], tmp_path / "gate.yaml")
-    assert not r["passed"] and json.loads((tmp_path / "metrics" / "gate.json").read_text()) == r
-    assert "cut: not evaluated (metrics/cut/eval.json is not valid JSON" in gate.summary(r)
+    assert not r["passed"] and json.loads((tmp_path / "results" / "gate.json").read_text()) == r
+    assert "cut: not evaluated (results/cut/eval.json is not valid JSON" in gate.summary(r)
     assert "dvc repro --force --single-item evaluate@cut" in gate.summary(r)
     rules = {x["rule"]: x for x in r["candidates"]["cut"]["rules"]}
     assert rules["resume_equivalence"]["verdict"] == "fail"
@@ -321,16 +327,16 @@ def test_evidence_with_the_wrong_fields_is_a_recorded_failure_not_a_crash(tmp_pa
     # Valid JSON, but not what evaluate writes (a hand edit, a file from another tool): the
     # gate names the field and fails the candidate; it never raises a KeyError or TypeError.
     (tmp_path / "gate.yaml").write_text("kind: gate\n")
-    (tmp_path / "metrics" / "m").mkdir(parents=True)
+    (tmp_path / "results" / "m").mkdir(parents=True)
     ev = _eval(0.95, 0.0)
     edit(ev)
-    (tmp_path / "metrics" / "m" / "eval.json").write_text(json.dumps(ev))
-    (tmp_path / "metrics" / "m" / "resume.json").write_text(json.dumps({"passed": "yes"}))
+    (tmp_path / "results" / "m" / "eval.json").write_text(json.dumps(ev))
+    (tmp_path / "results" / "m" / "resume.json").write_text(json.dumps({"passed": "yes"}))
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "production.json").write_text(json.dumps({"model": "a", "data_sha256": "abc"}))
     r = gate.decide(tmp_path, ["m"], tmp_path / "gate.yaml")
     assert not r["passed"] and r["chosen"] is None
-    assert f"m: not evaluated (metrics/m/eval.json does not have the fields reprogate writes ({said}" in (
+    assert f"m: not evaluated (results/m/eval.json does not have the fields reprogate writes ({said}" in (
         gate.summary(r)
     )
     rules = {x["rule"]: x for x in r["candidates"]["m"]["rules"]}
@@ -406,11 +412,11 @@ def test_a_model_spec_edited_into_an_invalid_one_is_a_recorded_failure(tmp_path)
     (tmp_path / "specs" / "models").mkdir(parents=True)
     (tmp_path / "specs" / "models" / "broken.yaml").write_text("kind: model\nfamily: ensemble\nepochs: -1\n")
     for name in ("broken", "fine"):
-        (tmp_path / "metrics" / name).mkdir(parents=True)
-        (tmp_path / "metrics" / name / "eval.json").write_text(json.dumps(_eval(0.95, fp=0.0)))
-    (tmp_path / "metrics" / "fine" / "resume.json").write_text(json.dumps({"passed": True}))
+        (tmp_path / "results" / name).mkdir(parents=True)
+        (tmp_path / "results" / name / "eval.json").write_text(json.dumps(_eval(0.95, fp=0.0)))
+    (tmp_path / "results" / "fine" / "resume.json").write_text(json.dumps({"passed": True}))
     r = gate.decide(tmp_path, ["broken", "fine"], tmp_path / "gate.yaml")
-    assert r["chosen"] == "fine" and json.loads((tmp_path / "metrics" / "gate.json").read_text()) == r
+    assert r["chosen"] == "fine" and json.loads((tmp_path / "results" / "gate.json").read_text()) == r
     rule = next(x for x in r["candidates"]["broken"]["rules"] if x["rule"] == "resume_equivalence")
     assert rule["verdict"] == "fail"
     assert rule["note"].startswith("specs/models/broken.yaml no longer validates")
@@ -439,25 +445,25 @@ def test_a_model_spec_edited_into_an_invalid_one_is_a_recorded_failure(tmp_path)
     ],
 )
 def test_promote_refuses_a_gate_record_the_gate_did_not_write(tmp_path, record, said):
-    # A hand edit or a merge of metrics/gate.json: one paragraph naming the file and the fix,
+    # A hand edit or a merge of results/gate.json: one paragraph naming the file and the fix,
     # never a KeyError, and nothing is written.
     from reprogate import promote
 
-    (tmp_path / "metrics").mkdir()
-    (tmp_path / "metrics" / "gate.json").write_text(record)
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "gate.json").write_text(record)
     with pytest.raises(UserError) as err:
         promote.plan(tmp_path)
-    assert str(tmp_path / "metrics" / "gate.json") in str(err.value) and said in str(err.value)
+    assert str(tmp_path / "results" / "gate.json") in str(err.value) and said in str(err.value)
     assert "run `dvc repro`" in str(err.value)
-    assert sorted(p.name for p in tmp_path.rglob("*")) == ["gate.json", "metrics"]
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["gate.json", "results"]
 
 
 def test_the_gate_record_is_what_promote_reads(tmp_path):
     # The shape promote checks is the one the gate writes: a real decision passes it.
     for name, ev in {"sharp": _eval(0.95, fp=0.05), "safe": _eval(0.92, fp=0.004)}.items():
-        (tmp_path / "metrics" / name).mkdir(parents=True)
-        (tmp_path / "metrics" / name / "eval.json").write_text(json.dumps(ev))
-        (tmp_path / "metrics" / name / "resume.json").write_text(json.dumps({"passed": True}))
+        (tmp_path / "results" / name).mkdir(parents=True)
+        (tmp_path / "results" / name / "eval.json").write_text(json.dumps(ev))
+        (tmp_path / "results" / name / "resume.json").write_text(json.dumps({"passed": True}))
     from reprogate import promote
 
     (tmp_path / "gate.yaml").write_text("kind: gate\n")

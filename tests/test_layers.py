@@ -16,7 +16,7 @@ LAYERS = {
         "errors", "hashing", "jsonl", "text", "atomic", "paths", "imports", "pause", "git", "locks",
         "queries",
     ],
-    "specs": ["specs", "records"],
+    "specs": ["specs", "records", "headline", "runlog"],
     "core": [
         "runtime", "models", "data", "fetch", "checkpoint", "distributed", "trainer", "plan",
         "training", "model_folder",

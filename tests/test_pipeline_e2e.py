@@ -59,7 +59,7 @@ def test_repro_runs_every_stage(project):
     assert m["steps"] == 2 * 63 and m["validation_accuracy"] > 0.5
     assert (project / "models" / "small" / "model.safetensors").is_file()
     assert (project / "data" / "features" / "small" / "manifest.json").is_file()
-    r = json.loads((project / "metrics" / "small" / "resume.json").read_text())
+    r = json.loads((project / "results" / "small" / "resume.json").read_text())
     assert r["passed"] and r["tolerance"] == 0.0
 
 

@@ -29,7 +29,7 @@ def banking(tmp_path_factory, mirror):
     import os
 
     os.environ["REPROGATE_MIRROR"] = str(mirror)
-    metrics = prepare(BANKING, REPO, out / "prepared", out / "data.json")
+    metrics = prepare(BANKING, REPO, out / "prepared", out)
     return out, metrics
 
 
@@ -47,7 +47,7 @@ def test_banking77_counts_and_hashes(banking):
     assert rows["train"] + rows["validation"] + rows["calibration"] + dropped == 10003
     for name, sha in m["sha256"].items():
         assert hashlib.sha256((out / "prepared" / f"{name}.jsonl").read_bytes()).hexdigest() == sha
-    assert json.loads((out / "data.json").read_text()) == m
+    assert json.loads((out / "results" / "data.json").read_text()) == m
     labels = {r["label"] for r in _rows(out / "prepared" / "train.jsonl")}
     assert "reverted_card_payment?" in labels and "Refund_not_showing_up" in labels
 
@@ -74,7 +74,7 @@ def test_out_of_scope_sets_have_no_intent(banking):
 
 def test_byte_identical_rerun(banking, tmp_path):
     out, m = banking
-    again = prepare(BANKING, REPO, tmp_path / "prepared", tmp_path / "data.json")
+    again = prepare(BANKING, REPO, tmp_path / "prepared", tmp_path)
     assert again == m
     for f in (out / "prepared").iterdir():
         assert (tmp_path / "prepared" / f.name).read_bytes() == f.read_bytes()
@@ -148,8 +148,17 @@ def test_users_own_local_data_end_to_end(tmp_path):
     spec = _own_dataset(tmp_path, HOME, ["lights_on", "lights_off", "set_timer"])
     proc = run_cli("stage", "prepare", "--spec", str(spec), cwd=tmp_path, check=True)
     assert "prepare: home:" in proc.stdout
-    m = json.loads((tmp_path / "metrics" / "data.json").read_text())
+    m = json.loads((tmp_path / "results" / "data.json").read_text())
     assert m["dropped"]["train"] == {"empty_text": 1}
+    # The DVC metric is the headline: rows per split and rows dropped, by reason only above.
+    headline = json.loads((tmp_path / "metrics" / "data.json").read_text())
+    assert headline == {
+        "dataset": "home",
+        "labels": 3,
+        "rows": m["rows"],
+        "dropped": {split: sum(r.values()) for split, r in m["dropped"].items()},
+    }
+    assert headline["dropped"]["train"] == 1
     assert m["rows"]["train"] + m["rows"]["validation"] + m["rows"]["calibration"] == 18
     # round(0.2 * 6) = 1 row per label in each carved partition
     assert m["rows"]["validation"] == 3 and m["rows"]["calibration"] == 3
@@ -165,7 +174,7 @@ def test_label_outside_vocabulary_is_an_error_not_a_skip(tmp_path):
     assert "'lights_dim' (1 rows" in proc.stderr and "commands.csv:" in proc.stderr
     assert "Nothing was written" in proc.stderr
     assert not (tmp_path / "data" / "prepared").exists()
-    assert not (tmp_path / "metrics").exists()
+    assert not (tmp_path / "metrics").exists() and not (tmp_path / "results").exists()
 
 
 def test_hash_mismatch_names_file_and_writes_nothing(tmp_path):
@@ -179,6 +188,7 @@ def test_hash_mismatch_names_file_and_writes_nothing(tmp_path):
     msg = str(exc.value)
     assert "commands.csv" in msg and expected in msg and actual in msg and "Nothing was written" in msg
     assert not (tmp_path / "data").exists() and not (tmp_path / "metrics").exists()
+    assert not (tmp_path / "results").exists()
 
 
 def test_missing_local_file_names_the_origin_and_the_fix(tmp_path):
@@ -286,7 +296,7 @@ def test_mirror_is_found_by_name_and_hash(tmp_path, mirror, monkeypatch):
     (flat / "decoy" / "train.csv").write_text("text,category\nnot the pinned file,card_arrival\n")
     monkeypatch.setenv("REPROGATE_MIRROR", str(flat))
     assert mirror_dirs(REPO) == [flat]
-    m = prepare(BANKING, REPO, tmp_path / "p", tmp_path / "d.json")
+    m = prepare(BANKING, REPO, tmp_path / "p", tmp_path)
     assert m["rows"]["test"] == 3080
 
 
@@ -294,7 +304,7 @@ def test_offline_without_mirror_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("REPROGATE_MIRROR", str(tmp_path))  # an empty mirror
     monkeypatch.setattr("urllib.request.OpenerDirector.open", _no_network)
     with pytest.raises(UserError, match="could not download https://raw.githubusercontent.com/PolyAI-LDN"):
-        prepare(BANKING, REPO, tmp_path / "p", tmp_path / "d.json")
+        prepare(BANKING, REPO, tmp_path / "p", tmp_path)
     assert not (tmp_path / "p").exists()
 
 
@@ -304,7 +314,7 @@ def test_a_mirror_that_is_not_there_is_named_when_the_download_fails(tmp_path, m
     monkeypatch.setenv("REPROGATE_MIRROR", str(gone))
     monkeypatch.setattr("urllib.request.OpenerDirector.open", _no_network)
     with pytest.raises(UserError) as err:
-        prepare(BANKING, REPO, tmp_path / "p", tmp_path / "d.json")
+        prepare(BANKING, REPO, tmp_path / "p", tmp_path)
     msg = str(err.value)
     assert f"searched {gone} (does not exist)" in msg
     assert "train.csv with sha256 b06e26ac675513959a63135f11b94ea7786ed02da65db93a5650d8838cbc664b" in msg

@@ -37,7 +37,7 @@ def test_a_clone_without_the_tags_numbers_the_next_promotion_after_the_committed
 
 
 def test_pipeline_writes_predictions_and_a_passing_gate(home):
-    ev = json.loads((home / "metrics/tiny/eval.json").read_text())
+    ev = json.loads((home / "results/tiny/eval.json").read_text())
     assert set(ev["sets"]) == {"validation", "test", "oos_test", "real"}
     real = [json.loads(x) for x in (home / "predictions/tiny/real.jsonl").read_text().splitlines()]
     assert [r["gold"] for r in real] == ["lights_on", "lights_off", "set_timer", "play_music", "weather"]
@@ -57,7 +57,7 @@ def test_pipeline_writes_predictions_and_a_passing_gate(home):
     # The file is the evidence behind eval.json: its accuracy is the file's gold == predicted.
     right = sum(x["gold"] == x["predicted"] for x in lines) / len(lines)
     assert right == pytest.approx(ev["sets"]["test"]["accuracy"])
-    g = json.loads((home / "metrics/gate.json").read_text())
+    g = json.loads((home / "results/gate.json").read_text())
     assert g["passed"] and g["chosen"] in ("tiny", "tiny2", "duo"), g["reasons"]
     assert set(g["candidates"]) == {"tiny", "tiny2", "duo"}
     best = max(c["heldout_accuracy"] for c in g["candidates"].values() if c["passed"])
@@ -68,7 +68,7 @@ def test_pipeline_writes_predictions_and_a_passing_gate(home):
     assert resume["verdict"] == "pass"  # an ensemble's resume evidence is its members' checks
     for name, c in g["candidates"].items():  # the declared real-utterance set has its own rule
         real_rule = {r["rule"]: r for r in c["rules"]}["real_utterance_accuracy"]
-        measured = json.loads((home / f"metrics/{name}/eval.json").read_text())["sets"]["real"]["accuracy"]
+        measured = json.loads((home / f"results/{name}/eval.json").read_text())["sets"]["real"]["accuracy"]
         assert real_rule["value"] == measured and real_rule["threshold"] == 0.6
         assert real_rule["verdict"] == ("pass" if measured >= 0.6 else "fail")
     assert json.loads((home / "models/tiny/calibration.json").read_text())["fitted_on"][

@@ -719,3 +719,4 @@ def test_a_model_trained_on_a_device_this_host_lacks_is_rescored_where_the_user_
         shutil.rmtree(mac)
         shutil.rmtree(project / "predictions" / "maclike", ignore_errors=True)
         shutil.rmtree(project / "metrics" / "maclike", ignore_errors=True)
+        shutil.rmtree(project / "results" / "maclike", ignore_errors=True)

@@ -12,7 +12,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from reprogate import checkpoint, training
+from reprogate import checkpoint, runlog, training
 from reprogate.errors import UserError
 from reprogate.stages import resume_check, train
 from reprogate.trainer import EpochSampler
@@ -59,15 +59,25 @@ def test_train_writes_model_metrics_and_plot(project):
         "play_music",
         "weather",
     ]
-    m = json.loads((project / "metrics" / "tiny" / "train.json").read_text())
-    assert m["steps"] == 12 and m["epochs"] == 2 and m["device"] == "cpu"
-    assert m["projected"]["total_steps"] == 12 and m["examples_per_s"] > 0
+    record = (project / "metrics" / "tiny" / "train.json").read_bytes()
+    m = json.loads(record)
+    assert m["steps"] == 12 and m["epochs"] == 2 and m["examples"] == 73
+    assert not {"wall_s", "examples_per_s", "peak_rss_gb", "device", "projected"} & set(m)
+    # How the run went is telemetry, in the git-ignored run log, not in a DVC-tracked file.
+    (first,), bad = runlog.read(project / "logs" / "train@tiny.jsonl")
+    assert not bad and first.stage == "train@tiny" and first.finished_at.utcoffset().total_seconds() == 0
+    t = first.telemetry
+    assert t["device"] == "cpu" and t["projected"]["total_steps"] == 12 and t["examples_per_s"] > 0
+    assert t["resumed_from_step"] is None and t["wall_s"] > 0
     rows = (project / "plots" / "tiny" / "train.tsv").read_text().splitlines()
     assert rows[0] == "step\tloss\tlr" and len(rows) == 13
-    # A second run resumes from the finished checkpoint instead of training again.
+    # A second run resumes from the finished checkpoint instead of training again, and its
+    # tracked record is the same bytes: nothing to commit.
     again = run_cli("stage", "train", "tiny", cwd=project, check=True)
     assert "resuming from" in again.stderr
-    assert json.loads((project / "metrics" / "tiny" / "train.json").read_text())["resumed_from_step"] == 12
+    assert (project / "metrics" / "tiny" / "train.json").read_bytes() == record
+    entries, _ = runlog.read(project / "logs" / "train@tiny.jsonl")
+    assert len(entries) == 2 and entries[-1].telemetry["resumed_from_step"] == 12
 
 
 KILL_POINTS = st.one_of(
@@ -146,7 +156,11 @@ def test_compare_catches_a_one_ulp_difference(reference):
 def test_resume_check_stage_writes_its_report(project):
     proc = run_cli("stage", "resume_check", "tiny", cwd=project, check=True)
     assert "PASSED (bitwise equal)" in proc.stdout
-    r = json.loads((project / "metrics" / "tiny" / "resume.json").read_text())
+    r = json.loads((project / "results" / "tiny" / "resume.json").read_text())
+    assert json.loads((project / "metrics" / "tiny" / "resume.json").read_text()) == {
+        "passed": True,
+        "failed_fields": 0,
+    }
     assert r["passed"] and r["child_returncode"] == -9 and r["kill_signal"] == "SIGKILL"
     assert (r["killed_after_step"], r["restored_step"], r["final_step"]) == (5, 4, 8)
     assert set(r["fields"]) >= {
@@ -352,7 +366,7 @@ def test_resume_under_new_packages_warns_and_records(project):
     resume_check.run_child(project, "tiny", spec, work)
     log = (work.parent / "envchange.log").read_text()
     assert "warning: resuming under a changed environment" in log
-    m = json.loads((work / "metrics" / "train.json").read_text())
+    m = runlog.read(work / "run.jsonl")[0][-1].telemetry
     assert m["resumed_from_step"] == 3 and m["environment_changes"]["torch"][0] == "2.0.0"
 
 
@@ -403,7 +417,8 @@ def test_two_processes_train_one_model_from_equal_shards(project, two_ranks):
     assert "train: ranks: 12 steps on cpu in 2 processes" in proc.stdout
     assert proc.stdout.count("train: ranks:") == 1, "rank 0 speaks for the run"
     m = json.loads((project / "metrics" / "ranks" / "train.json").read_text())
-    assert m["processes"] == 2 and m["steps"] == 12
+    assert m["steps"] == 12
+    assert runlog.read(project / "logs" / "train@ranks.jsonl")[0][-1].telemetry["processes"] == 2
     # Every rank's RNG state and sampler position is in the checkpoint rank 0 wrote.
     meta = two_ranks.meta
     assert set(meta["rng"]) == {"rank0", "rank1"} and set(meta["trainer"]["position"]) == {"rank0", "rank1"}
@@ -462,7 +477,7 @@ def test_two_processes_stop_together_over_their_budget(project):
 def test_resume_check_stage_kills_every_rank_and_passes(project, two_ranks):
     proc = run_cli("stage", "resume_check", "ranks", cwd=project, check=True)
     assert "resume_check: ranks: 2 processes killed after step" in proc.stdout and "PASSED" in proc.stdout
-    r = json.loads((project / "metrics" / "ranks" / "resume.json").read_text())
+    r = json.loads((project / "results" / "ranks" / "resume.json").read_text())
     assert r["passed"] and r["processes"] == 2 and r["child_returncode"] == -9
 
 

@@ -217,7 +217,7 @@ class Checkpointer:
             fingerprint,
             rank,
         )
-        self.seconds = 0.0  # spent writing, for train.json's checkpoint_share
+        self.seconds = 0.0  # spent writing, for the run log's checkpoint_share
         self.saved_step: int | None = None
 
     def save(self, trainer) -> None:

@@ -17,11 +17,20 @@ PREPARED = Path("data/prepared")
 FEATURES = Path("data/features")
 MODELS = Path("models")
 RUNS = Path("runs")
+# Headline numbers only (DVC metrics): what `dvc metrics show` and `dvc metrics diff` print.
 METRICS = Path("metrics")
+# Each stage's complete record, which the next stages, promote and `reprogate report` read:
+# tracked by git like metrics/, but not DVC metrics, so a diff shows what moved, not every bin.
+RESULTS = Path("results")
 PLOTS = Path("plots")
 PREDICTIONS = Path("predictions")
+# Run telemetry (wall time, throughput, memory): git-ignored and never a DVC output, so a
+# reproduction leaves nothing to commit. One JSON Lines file per stage, appended by each run.
+LOGS = Path("logs")
 DATA_METRICS = METRICS / "data.json"
-GATE_DECISION = METRICS / "gate.json"
+DATA_RECORD = RESULTS / "data.json"
+GATE_METRICS = METRICS / "gate.json"
+GATE_DECISION = RESULTS / "gate.json"
 # The production record (written only by `reprogate promote`, read by the gate and serving).
 PRODUCTION = MODELS / "production.json"
 # A copy of each promoted model's files (an ensemble's members too), by model version:
@@ -45,6 +54,15 @@ def run_dir(name: str) -> Path:
 
 def metrics_dir(name: str) -> Path:
     return METRICS / name
+
+
+def results_dir(name: str) -> Path:
+    return RESULTS / name
+
+
+def run_log(stage: str) -> Path:
+    """logs/<stage>.jsonl: `train@ngram`, `prepare`, ..."""
+    return LOGS / f"{stage}.jsonl"
 
 
 def plots_dir(name: str) -> Path:

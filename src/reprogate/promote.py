@@ -1,6 +1,6 @@
 """`reprogate promote`: the only way production changes, as a git commit a reviewer can read.
 
-Refuses unless metrics/gate.json chose a candidate, the workspace has no uncommitted change,
+Refuses unless results/gate.json chose a candidate, the workspace has no uncommitted change,
 and `dvc status` shows every output up to date (so the gate's evidence belongs to this
 commit). Then keeps a copy of the model's files in models/.promoted/<version>/ (git-ignored),
 writes models/production.json, commits it with every gate rule and value in the message, and
@@ -66,7 +66,7 @@ def _dvc_status(root: Path) -> dict:
 
 
 def read_decision(root: Path, fix: str) -> dict[str, Any]:
-    """metrics/gate.json, or one paragraph naming the file, what is wrong with it and `fix`."""
+    """results/gate.json, or one paragraph naming the file, what is wrong with it and `fix`."""
     path = root / paths.GATE_DECISION
     if not path.is_file():
         raise UserError(f"{path} does not exist: run `dvc repro` (the gate stage) first.")
@@ -120,8 +120,8 @@ def _record(root: Path, name: str, cand: dict[str, Any]) -> Promoted:
     model_dir = root / paths.model_dir(name)
     config = load(model_dir / "config.json", ModelConfig, RERUN)
     params = load_params(root)
-    data = load(root / paths.DATA_METRICS, DataRecord, RERUN)
-    evaluation = load(root / paths.metrics_dir(name) / "eval.json", Evaluation, RERUN)
+    data = load(root / paths.DATA_RECORD, DataRecord, RERUN)
+    evaluation = load(root / paths.results_dir(name) / "eval.json", Evaluation, RERUN)
     policy = read_calibration(model_dir / "calibration.json").policy
     return Promoted(
         model=name,
@@ -242,7 +242,7 @@ def _done(journal: PromotionJournal, commit: str) -> str:
     return (
         f"promote: {journal.model} is in production (commit {commit[:7]}, tag {journal.tag}); its files "
         f"are kept in {PROMOTED / journal.model_version}. The gate compares candidates with "
-        "production, so `dvc repro` reruns it against this one (commit its metrics/gate.json). "
+        "production, so `dvc repro` reruns it against this one (commit its results/gate.json). "
         "`git push --follow-tags` publishes the commit with its tag (a plain push leaves the tag behind)."
     )
 

@@ -5,19 +5,23 @@ validates the file against the same model (strictly: a string is never read as a
 a hand edit, a merge conflict or a file from another tool is named by its field, never a
 KeyError three modules away. Extra fields are kept: a newer writer's record still reads.
 
-| file                         | model             | written by        | read by                      |
-| ---------------------------- | ----------------- | ----------------- | ---------------------------- |
-| metrics/data.json            | DataRecord        | prepare           | promote                      |
-| models/<m>/config.json       | ModelConfig       | train, combine    | model_folder, promote        |
-| models/<m>/fingerprint.json  | Fingerprint       | train, combine    | model_folder, promote        |
-| metrics/<m>/train.json       | TrainRecord       | train             | dvc metrics                  |
-|                              | CombineRecord     | combine           | dvc metrics                  |
-| models/<m>/calibration.json  | CalibrationRecord | calibrate         | calibration, promote         |
-| metrics/<m>/eval.json        | Evaluation        | evaluate          | gate, promote                |
-| metrics/<m>/resume.json      | ResumeRecord      | resume_check      | gate                         |
-| metrics/gate.json            | Decision          | gate              | promote                      |
-| models/production.json       | ProductionRecord  | promote           | gate, production (serving)   |
+| file                          | model             | written by        | read by                      |
+| ----------------------------- | ----------------- | ----------------- | ---------------------------- |
+| results/data.json             | DataRecord        | prepare           | promote                      |
+| models/<m>/config.json        | ModelConfig       | train, combine    | model_folder, promote        |
+| models/<m>/fingerprint.json   | Fingerprint       | train, combine    | model_folder, promote        |
+| metrics/<m>/train.json        | TrainRecord       | train             | dvc metrics, report          |
+|                               | CombineRecord     | combine           | dvc metrics, report          |
+| models/<m>/calibration.json   | CalibrationRecord | calibrate         | calibration, promote         |
+| results/<m>/eval.json         | Evaluation        | evaluate          | gate, promote, report        |
+| results/<m>/resume.json       | ResumeRecord      | resume_check      | gate, report                 |
+| results/gate.json             | Decision          | gate              | promote, report              |
+| models/production.json        | ProductionRecord  | promote           | gate, production (serving)   |
+| logs/<stage>.jsonl (a line)   | RunLogEntry       | every timed stage | people, the registry         |
 | <git dir>/reprogate/promotion.json | PromotionJournal | promote | promote (a rerun after a kill) |
+
+The headline DVC metric files derived from these (metrics/data.json, metrics/<m>/eval.json,
+metrics/<m>/resume.json, metrics/gate.json) have their models in headline.py.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from reprogate.errors import UserError, first_problem, read_json
 
@@ -117,33 +121,22 @@ class Fingerprint(Record):
 
 
 class TrainRecord(Record):
+    """What a run trained to: the same numbers whenever the same inputs are trained again (how
+    long it took and how much memory it used are telemetry, in its RunLogEntry)."""
+
     steps: int
     epochs: int
     examples: int
-    examples_seen_this_run: int
-    examples_per_s: float | None
-    wall_s: float
-    checkpoint_s: float
-    checkpoint_share: float | None
-    peak_rss_gb: float
-    device_peak_gb: float | None
-    device: str
-    processes: int
     final_loss: float | None
     validation_accuracy: float
-    resumed_from_step: int | None
-    environment_changes: dict[str, Any]
     truncated_texts: int
-    projected: dict[str, Any] | None
 
 
 class CombineRecord(Record):
-    members: list[str]
     weights: dict[str, float]
     calibration_nll: float
     validation_accuracy: float
     member_validation_accuracy: dict[str, float]
-    wall_s: float
     weights_note: str | None = None
 
 
@@ -222,7 +215,6 @@ class ResumeRecord(Record):
     restored_step: int | None = None
     final_step: int | None = None
     fields: dict[str, FieldCheck] | None = None
-    wall_s: float | None = None
 
 
 # --------------------------------------------------------------------------------- gate
@@ -246,7 +238,7 @@ class Candidate(Record):
 
 
 class Decision(Record):
-    """metrics/gate.json: every candidate's rules, and the one chosen (or none, with reasons)."""
+    """results/gate.json: every candidate's rules, and the one chosen (or none, with reasons)."""
 
     passed: bool
     chosen: str | None
@@ -254,6 +246,21 @@ class Decision(Record):
     candidates: dict[str, Candidate]
     production: dict[str, Any] | None = None
     gate_spec: str | None = None
+
+
+# ------------------------------------------------------------------------------ run log
+
+
+class RunLogEntry(Record):
+    """One line of logs/<stage>.jsonl: a run of a stage, when and where it finished, and what it
+    measured about itself (wall time, throughput, memory, resumption, projection)."""
+
+    stage: str  # train@ngram, resume_check@ngram, prepare, ...
+    finished_at: AwareDatetime  # UTC
+    host: str
+    code_commit: str | None  # HEAD when the run finished; None outside a git repository
+    code_dirty: bool | None  # whether the working tree differed from HEAD
+    telemetry: dict[str, Any]
 
 
 # ---------------------------------------------------------------------------- promote

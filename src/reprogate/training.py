@@ -31,7 +31,8 @@ PACKAGE = Path(__file__).resolve().parent
 
 @dataclass
 class Paths:
-    """Where one run reads its spec and writes its checkpoints, model, metrics and plots."""
+    """Where one run reads its spec and writes its checkpoints, model, metrics, plots and
+    telemetry (a line of its run log)."""
 
     name: str
     spec: Path
@@ -39,6 +40,7 @@ class Paths:
     model: Path
     metrics: Path
     plots: Path
+    log: Path
 
     @classmethod
     def for_model(
@@ -57,6 +59,7 @@ class Paths:
                 work / "model",
                 work / "metrics",
                 work / "plots",
+                work / "run.jsonl",
             )
         return cls(
             name=name,
@@ -65,6 +68,7 @@ class Paths:
             model=root / project.model_dir(name),
             metrics=root / project.metrics_dir(name),
             plots=root / project.plots_dir(name),
+            log=root / project.run_log(f"train@{name}"),
         )
 
 

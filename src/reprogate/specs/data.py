@@ -154,7 +154,7 @@ class DataSpec(Strict):
     dedupe_train: bool = Field(
         True,
         description="Drop train rows whose normalised text repeats an earlier train row or "
-        "appears in any held-out or evaluation set (all counted in metrics/data.json).",
+        "appears in any held-out or evaluation set (all counted in results/data.json).",
     )
     eval_sets: dict[str, EvalSet] = Field(default_factory=dict)
     negatives: list[Table] = Field(

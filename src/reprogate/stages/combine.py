@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from reprogate import paths
+from reprogate import paths, runlog
 from reprogate.calibration import separable
 from reprogate.data import gold_indices, rows, splits, write_features
 from reprogate.errors import UserError, read_json
@@ -133,16 +133,16 @@ def combine(root: Path, name: str) -> dict[str, Any]:
         f"data (split.calibration in {spec.data})"
     }
     record = CombineRecord(
-        members=spec.ensemble.members,
         weights={m: float(w) for m, w in zip(parts, model.weights().detach(), strict=True)},
         calibration_nll=nll,
         validation_accuracy=val_acc,
         member_validation_accuracy=member_acc,
-        wall_s=round(time.perf_counter() - started, 2),
         **({} if fitted else unfitted),
     )
     write(root / paths.metrics_dir(name) / "train.json", record)
-    return record.model_dump(mode="json", exclude_unset=True)
+    telemetry = {"wall_s": round(time.perf_counter() - started, 2)}
+    runlog.append(root, root / paths.run_log(f"combine@{name}"), f"combine@{name}", telemetry)
+    return {**record.model_dump(mode="json", exclude_unset=True), **telemetry}
 
 
 def summary(name: str, m: dict[str, Any]) -> str:

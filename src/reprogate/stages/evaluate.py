@@ -3,8 +3,9 @@
 Sets: validation, the held-out test, and every eval set marked `use: evaluate` (CLINC150
 oos_test, real utterances). Writes predictions/<m>/<set>.jsonl (per item: id, text, gold,
 predicted, then the rest of the Prediction object: probability, alternatives, route, reasons,
-model version), metrics/<m>/eval.json, metrics/<m>/per_intent.json and plot data
-under plots/<m>/ (confusion matrix, reliability diagram, coverage-accuracy curve).
+model version), results/<m>/eval.json (every number, with intervals and data hashes), its
+headline metrics/<m>/eval.json, and plot data under plots/<m>/ (confusion matrix, reliability
+diagram, coverage-accuracy curve, per-intent precision, recall and F1 on the held-out set).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from reprogate.calibration import Policy, act_mask, confidence_margin, ece, pred
 from reprogate.data import gold_indices, prepared_file
 from reprogate.errors import read_json
 from reprogate.hashing import sha256_file
+from reprogate.headline import EvalMetrics
 from reprogate.jsonl import read_jsonl
 from reprogate.model_folder import TRAIN_FILES, Scorer, model_version, read_calibration
 from reprogate.pipeline import Context, Result
@@ -40,11 +42,8 @@ def dvc(p: Pipeline) -> dict[str, Any]:
             "models/${key}/calibration.json",
         ],
         "params": [{p.data: None}],
-        "outs": ["predictions/${key}"],
-        "metrics": [
-            {"metrics/${key}/eval.json": {"cache": False}},
-            {"metrics/${key}/per_intent.json": {"cache": False}},
-        ],
+        "outs": ["predictions/${key}", {"results/${key}/eval.json": {"cache": False}}],
+        "metrics": [{"metrics/${key}/eval.json": {"cache": False}}],
         "plots": [
             {
                 "plots/${key}/confusion.json": {
@@ -56,6 +55,14 @@ def dvc(p: Pipeline) -> dict[str, Any]:
             },
             {"plots/${key}/reliability.json": {"x": "confidence", "y": "accuracy", "cache": False}},
             {"plots/${key}/coverage.json": {"x": "coverage", "y": "accuracy", "cache": False}},
+            {
+                "plots/${key}/per_intent.json": {
+                    "template": "bar_horizontal_sorted",
+                    "x": "f1",
+                    "y": "intent",
+                    "cache": False,
+                }
+            },
         ],
     }
 
@@ -113,7 +120,6 @@ def evaluate(root: Path, name: str) -> dict[str, Any]:
     plots = root / paths.plots_dir(name)
     plots.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
-    per_intent: dict[str, Any] = {}
     for split, kind in eval_sets(data).items():
         source = prepared_file(root, split)
         rows = read_jsonl(source)
@@ -132,11 +138,12 @@ def evaluate(root: Path, name: str) -> dict[str, Any]:
             continue
         raw = probabilities(logits)
         gold = gold_indices(rows, scorer.labels)
-        results[split], per_intent[split], bins = _labelled(
+        results[split], per_intent, bins = _labelled(
             head, gold, raw, cal, act, scorer.labels, len(data.labels)
         )
         if split == "test":
             _plots(plots, scorer.labels, gold, cal.argmax(1), cal, *bins)
+            (plots / "per_intent.json").write_text(json.dumps(per_intent, ensure_ascii=False) + "\n")
     metrics = Evaluation(
         heldout="test",
         device=scorer.device.type,
@@ -145,9 +152,8 @@ def evaluate(root: Path, name: str) -> dict[str, Any]:
         policy=calibration.policy,
         sets=results,
     )
-    out = root / paths.metrics_dir(name)
-    write(out / "eval.json", metrics)
-    (out / "per_intent.json").write_text(json.dumps(per_intent, indent=1, sort_keys=True) + "\n")
+    write(root / paths.results_dir(name) / "eval.json", metrics)
+    write(root / paths.metrics_dir(name) / "eval.json", EvalMetrics.of(metrics))
     return metrics.model_dump(mode="json", exclude_unset=True)
 
 
@@ -190,15 +196,16 @@ def _labelled(head: dict, gold: np.ndarray, raw, cal, act, labels: list[str], n_
         "wrong_action_rate": float((act & ~correct).sum() / n_act) if n_act else 0.0,
     }
     p, r, f1, support = per_class(gold, pred, len(labels))
-    per_intent = {
-        labels[i]: {
+    per_intent = [
+        {
+            "intent": labels[i],
             "precision": float(p[i]),
             "recall": float(r[i]),
             "f1": float(f1[i]),
             "support": int(support[i]),
         }
         for i in range(n_labels)
-    }
+    ]
     return result, per_intent, (bins_before, bins_after)
 
 

@@ -1,9 +1,10 @@
 """Stage `gate`: every candidate against specs/gate.yaml and the production model.
 
-Reads metrics/<m>/eval.json and metrics/<m>/resume.json of every model in params.yaml and
-models/production.json, and writes metrics/gate.json: per candidate, per rule, the value,
+Reads results/<m>/eval.json and results/<m>/resume.json of every model in params.yaml and
+models/production.json, and writes results/gate.json: per candidate, per rule, the value,
 the threshold and the verdict; then the chosen candidate (the best held-out accuracy among
-those passing every rule) or none, with reasons. A failed gate is a recorded decision: the
+those passing every rule) or none, with reasons. Its headline, metrics/gate.json, holds the
+verdicts. A failed gate is a recorded decision: the
 stage succeeds and promotion refuses.
 """
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from reprogate import paths
 from reprogate.errors import UserError
+from reprogate.headline import GateMetrics
 from reprogate.pipeline import Context, Result
 from reprogate.records import (
     RESTORE_PRODUCTION,
@@ -31,11 +33,12 @@ PER_MODEL = None
 
 
 def dvc(p: Pipeline) -> dict[str, Any]:
-    evidence = [f"metrics/{m}/eval.json" for m in p.models]
-    evidence += [f"metrics/{m}/resume.json" for m, spec in p.models.items() if spec.family != "ensemble"]
+    evidence = [f"results/{m}/eval.json" for m in p.models]
+    evidence += [f"results/{m}/resume.json" for m, spec in p.models.items() if spec.family != "ensemble"]
     return {
         "deps": [*evidence, "models/production.json"],
         "params": [{p.gate: None}, {"params.yaml": ["models"]}],
+        "outs": [{"results/gate.json": {"cache": False}}],
         "metrics": [{"metrics/gate.json": {"cache": False}}],
     }
 
@@ -95,7 +98,7 @@ def judge(name: str, ev: dict | None, resume: dict | None, gate: GateSpec, prod:
                 (resume or {}).get("passed"),
                 "==",
                 True,
-                (resume or {}).get("unreadable") or ("" if resume else "metrics/<m>/resume.json missing"),
+                (resume or {}).get("unreadable") or ("" if resume else "results/<m>/resume.json missing"),
             )
         )
     rules.append(_against_production(test, gate, prod))
@@ -184,9 +187,9 @@ def resume_evidence(root: Path, name: str) -> dict[str, Any] | None:
         why = f"specs/models/{name}.yaml no longer validates, so its resume evidence cannot be found: {e}"
         return {"unreadable": why}
     if spec is None or spec.family != "ensemble":
-        return _read(root / paths.metrics_dir(name) / "resume.json", ResumeRecord)
+        return _read(root / paths.results_dir(name) / "resume.json", ResumeRecord)
     members = {
-        m: _read(root / paths.metrics_dir(m) / "resume.json", ResumeRecord) for m in spec.ensemble.members
+        m: _read(root / paths.results_dir(m) / "resume.json", ResumeRecord) for m in spec.ensemble.members
     }
     return {"passed": all(r is not None and r.get("passed") for r in members.values()), "members": members}
 
@@ -196,7 +199,7 @@ def decide(root: Path, models: list[str], gate_path: Path) -> dict[str, Any]:
     prod = production(root)
     candidates = {}
     for name in models:
-        ev = _read(root / paths.metrics_dir(name) / "eval.json", Evaluation)
+        ev = _read(root / paths.results_dir(name) / "eval.json", Evaluation)
         unreadable = (ev or {}).get("unreadable")
         ev = None if unreadable else ev
         rules = judge(name, ev, resume_evidence(root, name), gate, prod)
@@ -215,14 +218,14 @@ def decide(root: Path, models: list[str], gate_path: Path) -> dict[str, Any]:
         failed = [r["rule"] for r in c["rules"] if r["verdict"] == "fail"]
         if isinstance(c.get("not_evaluated"), str):
             reasons.append(
-                f"{n}: not evaluated (metrics/{n}/{c['not_evaluated']}; run "
+                f"{n}: not evaluated (results/{n}/{c['not_evaluated']}; run "
                 f"`dvc repro --force --single-item evaluate@{n}`, then `dvc repro`)"
             )
             continue
         if c.get("not_evaluated"):
             # Typically a model added to params.yaml after dvc.yaml was last compiled.
             reasons.append(
-                f"{n}: not evaluated (no metrics/{n}/eval.json; after adding a model to params.yaml, "
+                f"{n}: not evaluated (no results/{n}/eval.json; after adding a model to params.yaml, "
                 "run `reprogate compile`, then `dvc repro`)"
             )
             continue
@@ -239,7 +242,9 @@ def decide(root: Path, models: list[str], gate_path: Path) -> dict[str, Any]:
         "gate_spec": str(gate_path.relative_to(root)) if gate_path.is_relative_to(root) else str(gate_path),
         "candidates": candidates,
     }
-    write(root / paths.GATE_DECISION, Decision.model_validate(result))
+    decision = Decision.model_validate(result)
+    write(root / paths.GATE_DECISION, decision)
+    write(root / paths.GATE_METRICS, GateMetrics.of(decision))
     return result
 
 

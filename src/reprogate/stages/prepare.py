@@ -25,6 +25,7 @@ from reprogate.atomic import replace_dir
 from reprogate.errors import UserError
 from reprogate.fetch import fetch_origin
 from reprogate.hashing import sha256_file
+from reprogate.headline import DataMetrics
 from reprogate.pipeline import Context, Result
 from reprogate.records import DataRecord, write
 from reprogate.specs import DataSpec, Normalization, Pipeline, Table, find_root, load_pipeline, load_spec
@@ -37,7 +38,7 @@ def dvc(p: Pipeline) -> dict[str, Any]:
     return {
         "deps": [],
         "params": [{p.data: None}],
-        "outs": ["data/prepared"],
+        "outs": ["data/prepared", {"results/data.json": {"cache": False}}],
         "metrics": [{"metrics/data.json": {"cache": False}}],
     }
 
@@ -285,11 +286,13 @@ def _write_jsonl(path: Path, rows: list[Row]) -> str:
 
 
 def prepare(
-    spec_path: Path, root: Path | None = None, out_dir: Path | None = None, metrics_path: Path | None = None
+    spec_path: Path, root: Path | None = None, out_dir: Path | None = None, into: Path | None = None
 ) -> dict:
+    """Prepared splits into `out_dir` (data/prepared/), the data record and its headline under
+    `into` (the project: results/data.json, metrics/data.json)."""
     root = root or find_root(spec_path.parent)
     out_dir = out_dir or root / paths.PREPARED
-    metrics_path = metrics_path or root / paths.DATA_METRICS
+    into = into or root
     spec = load_spec(spec_path, DataSpec)
 
     files = {n: fetch_origin(n, o, spec_path, root) for n, o in spec.origins.items()}
@@ -356,7 +359,9 @@ def prepare(
         "sha256": hashes,
         "raw_sha256": {f"{o}/{f}": s for o, org in spec.origins.items() for f, s in org.files.items()},
     }
-    write(metrics_path, DataRecord.model_validate(metrics))
+    record = DataRecord.model_validate(metrics)
+    write(into / paths.DATA_RECORD, record)
+    write(into / paths.DATA_METRICS, DataMetrics.of(record))
     return metrics
 
 
@@ -373,7 +378,7 @@ def _overlap(train: list[Row], other: list[Row], key) -> int:
 def summary(m: dict) -> str:
     rows = ", ".join(f"{n} {c}" for n, c in m["rows"].items())
     dropped = sum(sum(d.values()) for d in m["dropped"].values())
-    return f"prepare: {m['dataset']}: {rows}; {dropped} rows dropped (by reason in metrics/data.json)"
+    return f"prepare: {m['dataset']}: {rows}; {dropped} rows dropped (by reason in results/data.json)"
 
 
 def run(ctx: Context) -> Result:

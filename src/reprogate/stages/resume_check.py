@@ -27,8 +27,9 @@ from typing import Any
 import torch
 import yaml
 
-from reprogate import checkpoint, paths
+from reprogate import checkpoint, paths, runlog
 from reprogate.errors import UserError
+from reprogate.headline import ResumeMetrics
 from reprogate.pause import PAUSE_ENV
 from reprogate.pipeline import Context, Result
 from reprogate.records import ResumeRecord, write
@@ -43,6 +44,7 @@ def dvc(p: Pipeline) -> dict[str, Any]:
     return {
         "deps": ["data/prepared", "data/features/${key}"],
         "params": [{"specs/models/${key}.yaml": None}],
+        "outs": [{"results/${key}/resume.json": {"cache": False}}],
         "metrics": [{"metrics/${key}/resume.json": {"cache": False}}],
     }
 
@@ -237,12 +239,15 @@ def check(root: Path, name: str, log=None) -> dict[str, Any]:
         "restored_step": outcome["restored_step"],
         "final_step": resumed.meta["trainer"]["global_step"],
         "fields": fields,
-        "wall_s": round(time.perf_counter() - started, 2),
     }
-    write(root / paths.metrics_dir(name) / "resume.json", ResumeRecord.model_validate(result))
+    record = ResumeRecord.model_validate(result)
+    write(root / paths.results_dir(name) / "resume.json", record)
+    write(root / paths.metrics_dir(name) / "resume.json", ResumeMetrics.of(record))
+    telemetry = {"wall_s": round(time.perf_counter() - started, 2), "device": device}
+    runlog.append(root, root / paths.run_log(f"resume_check@{name}"), f"resume_check@{name}", telemetry)
     if passed:
         shutil.rmtree(base)  # large, and everything worth keeping is in resume.json
-    return result
+    return {**result, **telemetry}
 
 
 def summary(name: str, r: dict[str, Any]) -> str:

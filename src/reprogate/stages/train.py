@@ -1,9 +1,12 @@
 """Stage `train@m`: build a run, fit it with auto-resume, export the model, record the run.
 
-runs/<m>/checkpoints/  full-state checkpoints (DVC persist: they survive `dvc repro`)
+runs/<m>/checkpoints/  full-state checkpoints: the run's working state, not a DVC output, so
+                       DVC never deletes them (a rerun resumes) nor caches or pushes them
 models/<m>/            weights (safetensors), config, labels, fingerprint: what predict loads
-metrics/<m>/train.json steps, examples/s, wall time, peak memory, device, projected vs actual
+metrics/<m>/train.json steps, epochs, final loss, validation accuracy (the same on every rerun)
 plots/<m>/train.tsv    step, loss, learning rate
+logs/train@<m>.jsonl   a line per run: wall time, examples/s, peak memory, device, projected vs
+                       actual, resumed from (git-ignored telemetry, see runlog.py)
 A spec with `processes: N` starts N ranks of this same command; rank 0 speaks for the run.
 """
 
@@ -14,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from reprogate import checkpoint, distributed
+from reprogate import checkpoint, distributed, runlog
 from reprogate.model_folder import TRAIN_FILES, export_trained
 from reprogate.pipeline import Context, Result
 from reprogate.plan import BudgetWatchdog, Plan, check_budget, measure
@@ -31,10 +34,7 @@ def dvc(p: Pipeline) -> dict[str, Any]:
     return {
         "deps": ["data/prepared", "data/features/${key}"],
         "params": [{"specs/models/${key}.yaml": None}],
-        "outs": [
-            *(f"models/${{key}}/{f}" for f in TRAIN_FILES),
-            {"runs/${key}": {"persist": True, "cache": False}},
-        ],
+        "outs": [f"models/${{key}}/{f}" for f in TRAIN_FILES],
         "metrics": [{"metrics/${key}/train.json": {"cache": False}}],
         "plots": [{"plots/${key}/train.tsv": {"x": "step", "y": "loss", "cache": False}}],
     }
@@ -66,7 +66,7 @@ def _resume(setup: Setup, trainer: Trainer, rank: int, log) -> tuple[int | None,
     trainer.restore(ckpt)
     changes = checkpoint.environment_changes(ckpt.fingerprint, setup.fingerprint)
     if changes:
-        log(f"warning: resuming under a changed environment (recorded in train.json): {changes}")
+        log(f"warning: resuming under a changed environment (recorded in the run log): {changes}")
     log(f"resuming from {ckpt.path} (step {trainer.progress.global_step} of {setup.total_steps})")
     return trainer.progress.global_step, changes
 
@@ -113,29 +113,32 @@ def _record(paths: Paths, setup: Setup, trainer: Trainer, timing, val_acc, plan,
         steps=p.global_step,
         epochs=p.epoch,
         examples=len(setup.feats),
-        examples_seen_this_run=seen,
-        examples_per_s=round(seen / loop_s, 1) if loop_s > 0 else None,
-        wall_s=round(timing["wall_s"], 2),
-        checkpoint_s=round(ckpt_s, 2),
-        checkpoint_share=round(ckpt_s / loop_s, 4) if loop_s > 0 else None,
-        peak_rss_gb=round(peak_rss_gb(), 3),
-        device_peak_gb=device_peak_gb(setup.device),
-        device=str(setup.device),
-        processes=trainer.world,
         final_loss=p.losses[-1] if p.losses else None,
         validation_accuracy=round(val_acc, 4),
-        resumed_from_step=resumed,
-        environment_changes=changes,
         truncated_texts=setup.featurizer.truncated,
-        projected=plan.as_dict() if plan else None,
     )
+    telemetry = {
+        "wall_s": round(timing["wall_s"], 2),
+        "examples_seen_this_run": seen,
+        "examples_per_s": round(seen / loop_s, 1) if loop_s > 0 else None,
+        "checkpoint_s": round(ckpt_s, 2),
+        "checkpoint_share": round(ckpt_s / loop_s, 4) if loop_s > 0 else None,
+        "peak_rss_gb": round(peak_rss_gb(), 3),
+        "device_peak_gb": device_peak_gb(setup.device),
+        "device": str(setup.device),
+        "processes": trainer.world,
+        "resumed_from_step": resumed,
+        "environment_changes": changes,
+        "projected": plan.as_dict() if plan else None,
+    }
     write(paths.metrics / "train.json", record)
+    runlog.append(setup.root, paths.log, f"train@{paths.name}", telemetry)
     paths.plots.mkdir(parents=True, exist_ok=True)
     with open(paths.plots / "train.tsv", "w") as f:
         f.write("step\tloss\tlr\n")
         for i, (loss, lr) in enumerate(zip(p.losses, p.lrs, strict=True), start=1):
             f.write(f"{i}\t{loss:.6f}\t{lr:.8g}\n")
-    return record.model_dump(mode="json", exclude_unset=True)
+    return {**record.model_dump(mode="json", exclude_unset=True), **telemetry}
 
 
 def summary(name: str, m: dict[str, Any]) -> str:

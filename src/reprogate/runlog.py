@@ -1,0 +1,66 @@
+"""Run telemetry: what one run of a stage measured about itself, kept out of DVC's files.
+
+Wall time, throughput, peak memory, the measured projection, whether the run resumed: these
+change every time the same inputs are run again, so in a DVC metric file they made every
+reproduction a change to commit (and `dvc.lock` churn). Each run appends one RunLogEntry line
+to logs/<stage>.jsonl instead: git-ignored, never a DVC output (DVC neither deletes nor
+caches it), read by people and by the run registry. A stage restored from DVC's cache did not
+run, and logs nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from reprogate import git, jsonl
+from reprogate.records import RunLogEntry
+
+
+def _commit(root: Path) -> tuple[str | None, bool | None]:
+    if git.git_dir(root) is None:
+        return None, None
+    head = git.head(root)
+    # --no-optional-locks: a stage's `git status` must not take the index lock from a user's git.
+    status = git.run(root, "--no-optional-locks", "status", "--porcelain", "-uno", check=False)
+    return head, bool(status) if head else None
+
+
+def append(root: Path, log: Path, stage: str, telemetry: dict[str, Any]) -> RunLogEntry:
+    """Add this run's line to `log`. One write of one line in append mode: two runs finishing
+    at once interleave whole lines, never parts of them."""
+    commit, dirty = _commit(root)
+    entry = RunLogEntry(
+        stage=stage,
+        finished_at=datetime.now(UTC),
+        host=socket.gethostname(),
+        code_commit=commit,
+        code_dirty=dirty,
+        telemetry=telemetry,
+    )
+    log.parent.mkdir(parents=True, exist_ok=True)
+    line = jsonl.line(entry.model_dump(mode="json"), sort_keys=True).encode()
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+    return entry
+
+
+def read(log: Path) -> tuple[list[RunLogEntry], list[int]]:
+    """Every entry of `log`, oldest first, and the numbers of the lines that are not entries
+    (a hand edit, a partial line from a full disk), for the reader to name: telemetry is never
+    evidence a decision rests on, so a damaged line does not hide the others."""
+    if not log.is_file():
+        return [], []
+    entries, bad = [], []
+    for i, raw in enumerate(log.read_bytes().splitlines(), start=1):
+        try:
+            entries.append(RunLogEntry.model_validate_json(raw))
+        except ValueError:
+            bad.append(i)
+    return entries, bad
