@@ -1,7 +1,7 @@
 # `make repro` and `make test` are the two commands a person needs (see README).
 PYTHON ?= python3.11
 VENV := .venv
-BIN := $(CURDIR)/$(VENV)/bin
+BIN := $(abspath $(VENV))/bin
 # The CI/offline mirror of raw datasets, used when present (a download is tried otherwise).
 ifneq ($(wildcard ../shared/datasets),)
 export REPROGATE_MIRROR ?= $(abspath ../shared/datasets)
@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: venv repro test lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy clean
+.PHONY: venv repro remote test lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy clean
 
 # Rebuilt whenever the lock or the project metadata changes.
 $(VENV)/.installed: requirements.lock pyproject.toml
@@ -25,9 +25,21 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 
 venv: $(VENV)/.installed
 
+# With a DVC remote (make remote), what it holds is restored first (outputs and run-cache) and
+# only what is missing runs; without one, everything is computed here.
 repro: venv
 	reprogate compile --check
-	dvc repro
+	@if remote=$$(dvc remote default 2>/dev/null) && [ -n "$$remote" ]; then \
+		echo "make repro: restoring what DVC remote '$$remote' holds, running only what is missing"; \
+		echo "dvc repro --pull"; dvc repro --pull; \
+	else \
+		echo "dvc repro"; dvc repro; \
+	fi
+
+# The team's shared DVC remote: a local folder (default ../reprogate-remote) or s3://, gs://,
+# azure://, ssh:// (with the matching dvc-* plugin). Commit .dvc/config afterwards.
+remote: venv
+	reprogate remote $(URL)
 
 test: venv
 	ruff check src tests bench

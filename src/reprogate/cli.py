@@ -85,7 +85,14 @@ def _stage(args: argparse.Namespace) -> int:
 def _promote(args: argparse.Namespace) -> int:
     from reprogate.promote import promote
 
-    print(promote(_project(), dry_run=args.dry_run))
+    print(promote(_project(), dry_run=args.dry_run, push=args.push))
+    return 0
+
+
+def _remote(args: argparse.Namespace) -> int:
+    from reprogate.remote import configure
+
+    print(configure(_project(), args.url, local=args.local))
     return 0
 
 
@@ -252,7 +259,17 @@ def build_parser() -> argparse.ArgumentParser:
         "promote", help="put the model that passed the gate into production (git commit + tag)"
     )
     pr.add_argument("--dry-run", action="store_true", help="show what would be written and committed")
+    pr.add_argument(
+        "--push",
+        action="store_true",
+        help="push the outputs to the DVC remote first (a failure changes nothing), then the commit and tag",
+    )
     pr.set_defaults(func=_promote)
+
+    rm = sub.add_parser("remote", help="make URL the project's default DVC remote (make remote URL=...)")
+    rm.add_argument("url", nargs="?", help="a local folder (default ../reprogate-remote), s3://, gs://, ...")
+    rm.add_argument("--local", action="store_true", help="in .dvc/config.local: this copy only")
+    rm.set_defaults(func=_remote)
 
     hi = sub.add_parser("history", help="the promotions, from git")
     hi.set_defaults(func=_history)

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from reprogate import git, locks, paths, promote_commit
+from reprogate import dvc_cli, git, locks, paths, promote_commit
 from reprogate.atomic import replace_dir
 from reprogate.errors import UserError, read_json
 from reprogate.hashing import sha256_file
@@ -55,16 +53,6 @@ def _promotes(subject: str, name: str | None = None) -> bool:
     return subject.startswith(f"promote {name} (" if name else "promote ")
 
 
-def _dvc_status(root: Path) -> dict:
-    dvc = Path(sys.executable).with_name("dvc")
-    proc = subprocess.run(
-        [str(dvc) if dvc.exists() else "dvc", "status", "--json"], cwd=root, capture_output=True, text=True
-    )
-    if proc.returncode != 0:
-        raise UserError(f"`dvc status` failed in {root}: {proc.stderr.strip()}")
-    return json.loads(proc.stdout or "{}")
-
-
 def read_decision(root: Path, fix: str) -> dict[str, Any]:
     """results/gate.json, or one paragraph naming the file, what is wrong with it and `fix`."""
     path = root / paths.GATE_DECISION
@@ -93,7 +81,7 @@ def plan(root: Path) -> dict[str, Any]:
             "promotion refused: the workspace has uncommitted changes; commit them (with dvc.lock and "
             f"metrics) so the promotion points at a reproducible commit:\n{dirty}"
         )
-    stale = _dvc_status(root)
+    stale = dvc_cli.status(root)
     if stale:
         raise UserError(
             f"promotion refused: `dvc status` shows stages out of date ({', '.join(sorted(stale))}); "
@@ -171,7 +159,48 @@ def keep_promoted(root: Path, name: str, version: str) -> Path:
     return dest
 
 
-def promote(root: Path, dry_run: bool = False) -> str:
+def push_outputs(root: Path) -> str:
+    """Every output of this commit (the promoted model's among them) and the run-cache, to the
+    default DVC remote, before anything of the promotion is written: a failed push leaves
+    production as it was, and the same command retries."""
+    remote = dvc_cli.default_remote(root)
+    if remote is None:
+        raise UserError(
+            "promote --push needs a DVC remote to push the model's files to, and this project has none: "
+            "run `make remote URL=...` (a local folder, s3://, gs://, azure:// or ssh://), commit "
+            ".dvc/config, and promote again. Production is unchanged."
+        )
+    proc = dvc_cli.call(root, "push", "--run-cache")
+    if proc.returncode != 0:
+        raise UserError(
+            f"promotion refused: `dvc push` to remote '{remote}' failed ({dvc_cli.last_error(proc)}); "
+            "production is unchanged. Make the remote reachable and writable (`dvc remote list`), then "
+            "run `reprogate promote --push` again."
+        )
+    return f"promote: pushed this commit's outputs and run-cache to DVC remote '{remote}'\n"
+
+
+def push_commit(root: Path, tag: str) -> str:
+    """The promotion commit and its tag to the branch's git remote (its upstream, else origin)."""
+    upstream = git.run(root, "rev-parse", "--abbrev-ref", "--symbolic-full-name", "@{u}", check=False)
+    remote = upstream.split("/", 1)[0] if upstream else "origin"
+    if remote not in git.run(root, "remote", check=False).split():
+        return (
+            "promote: no git remote to push to; publish the promotion with `git push --follow-tags` "
+            "when there is one"
+        )
+    proc = git.completed(root, "push", "--follow-tags", remote, "HEAD")
+    if proc.returncode != 0:
+        why = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
+        return (
+            f"promote: the promotion is committed and tagged here, and its files are on the DVC remote, "
+            f"but `git push` to {remote} failed ({why}): the team's production is unchanged until "
+            f"`git push --follow-tags {remote} HEAD` succeeds (the tag is {tag})."
+        )
+    return f"promote: pushed the promotion commit and tag {tag} to git remote {remote}"
+
+
+def promote(root: Path, dry_run: bool = False, push: bool = False) -> str:
     git_dir = git.git_dir(root)
     if git_dir is None:
         raise UserError(
@@ -190,13 +219,16 @@ def promote(root: Path, dry_run: bool = False) -> str:
         # Said at once: a refusal below must not hide that a lock file was removed.
         print(locks.clear(root, git_dir), end="", flush=True)
         if (journal := promote_commit.pending(git_dir)) is not None:
+            pushed = push_outputs(root) if push else ""
             commit = promote_commit.finish(root, git_dir, journal)
-            return "promote: finished a promotion a killed run had begun.\n" + _done(journal, commit)
-        return _fresh(root, git_dir, dry_run=False)
+            said = pushed + "promote: finished a promotion a killed run had begun.\n" + _done(journal, commit)
+            return said + ("\n" + push_commit(root, journal.tag) if push else "")
+        return _fresh(root, git_dir, dry_run=False, push=push)
 
 
-def _fresh(root: Path, git_dir: Path, dry_run: bool) -> str:
+def _fresh(root: Path, git_dir: Path, dry_run: bool, push: bool = False) -> str:
     p = plan(root)
+    pushed = push_outputs(root) if push and not dry_run else ""
     written = dumps(p["record"])
     record = json.loads(written)
     current = read_json(root / PRODUCTION, RESTORE_PRODUCTION) if (root / PRODUCTION).is_file() else {}
@@ -217,6 +249,9 @@ def _fresh(root: Path, git_dir: Path, dry_run: bool) -> str:
             )
             if not dry_run:
                 keep_promoted(root, record["model"], record["model_version"])
+        if pushed:  # a retry after a failed git push: the tag of the promotion in place
+            tag = git.run(root, "describe", "--tags", "--exact-match", "--match", "*#prod#*", check=False)
+            said = pushed + said + "\n" + push_commit(root, tag or "(untagged)")
         return said
     if dry_run:
         return (
@@ -235,7 +270,8 @@ def _fresh(root: Path, git_dir: Path, dry_run: bool) -> str:
         tag=p["tag"],
     )
     promote_commit.begin(git_dir, journal)
-    return _done(journal, promote_commit.finish(root, git_dir, journal))
+    done = _done(journal, promote_commit.finish(root, git_dir, journal))
+    return pushed + done + ("\n" + push_commit(root, journal.tag) if push else "")
 
 
 def _done(journal: PromotionJournal, commit: str) -> str:

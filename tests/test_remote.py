@@ -1,0 +1,137 @@
+"""Team workflow: a reproduction leaves nothing to commit, and clones share a real DVC remote.
+
+Every clone here is `git clone` of a pipeline that ran and was committed (conftest's home
+pipeline): no DVC cache, no outputs, no run log. `make repro` is the Makefile's own target, run
+with this test session's environment (`-o` keeps make from rebuilding it in each clone).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reprogate import runlog
+from tests.conftest import copy_home, dvc_cmd, git_cmd, run_cli
+
+VENV = Path(sys.executable).resolve().parent.parent
+GIT_ID = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@t",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@t",
+}
+
+
+def make_repro(root: Path) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        ["make", "-C", str(root), "repro", f"VENV={VENV}", "-o", f"{VENV}/.installed"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def clone(source: Path, dest: Path) -> Path:
+    subprocess.run(["git", "clone", "-q", str(source), str(dest)], check=True)
+    return dest
+
+
+def test_a_fresh_clone_reproduces_every_stage_to_the_committed_files(home_pipeline, tmp_path):
+    root = clone(home_pipeline, tmp_path / "fresh")
+    proc = make_repro(root)
+    assert "Running stage 'train@tiny'" in proc.stdout  # no cache: everything ran here
+    assert git_cmd(root, "status", "--porcelain") == ""  # dvc.lock and every metric: the same bytes
+    assert json.loads(dvc_cmd(root, "status", "--json") or "{}") == {}
+    # The telemetry was moved, not deleted: a line per run, in a git-ignored log.
+    entries, bad = runlog.read(root / "logs" / "train@tiny.jsonl")
+    assert len(entries) == 1 and not bad and entries[0].telemetry["wall_s"] > 0
+    assert entries[0].code_commit == git_cmd(root, "rev-parse", "HEAD").strip()
+    assert git_cmd(root, "check-ignore", "logs/train@tiny.jsonl").strip() == "logs/train@tiny.jsonl"
+
+
+def test_two_clones_share_a_remote_and_the_second_runs_nothing(home_pipeline, tmp_path):
+    first = copy_home(home_pipeline, tmp_path / "first")
+    said = run_cli("remote", str(tmp_path / "remote"), cwd=first, check=True).stdout
+    assert "is the default DVC remote" in said and (tmp_path / "remote").is_dir()
+    git_cmd(first, "add", ".dvc/config")
+    git_cmd(first, "commit", "-qm", "the team's DVC remote")
+    done = run_cli("promote", "--push", cwd=first, env=GIT_ID, check=True).stdout
+    assert "pushed this commit's outputs and run-cache to DVC remote 'shared'" in done
+    assert "no git remote to push to" in done  # a copy without one: said, not an error
+    version = json.loads((first / "models/production.json").read_text())["model_version"]
+    # The gate compares with production, so the promotion made it stale: it reruns, alone.
+    again = make_repro(first)
+    assert again.stdout.count("Running stage") == 1 and "Running stage 'gate'" in again.stdout
+    git_cmd(first, "commit", "-qam", "gate against the new production")
+    dvc_cmd(first, "push", "--run-cache")
+
+    second = clone(first, tmp_path / "second")
+    proc = make_repro(second)
+    assert "restoring what DVC remote 'shared' holds" in proc.stdout
+    assert "Running stage" not in proc.stdout, proc.stdout[-3000:]
+    assert json.loads(dvc_cmd(second, "status", "--json") or "{}") == {}
+    assert git_cmd(second, "status", "--porcelain") == ""
+    answer = json.loads(run_cli("predict", "turn on the kitchen light", cwd=second, check=True).stdout)
+    assert answer["model_version"] == version
+
+
+def test_a_failed_push_leaves_production_unchanged_and_the_same_command_retries(home_pipeline, tmp_path):
+    root = copy_home(home_pipeline, tmp_path / "home")
+    remote = tmp_path / "remote"
+    run_cli("remote", str(remote), cwd=root, check=True)
+    git_cmd(root, "commit", "-qam", "remote")
+    remote.rmdir()
+    remote.write_text("a file where the remote folder was\n")  # unwritable, even for root
+    before, head = (root / "models/production.json").read_bytes(), git_cmd(root, "rev-parse", "HEAD")
+    proc = run_cli("promote", "--push", cwd=root, env=GIT_ID)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "`dvc push` to remote 'shared' failed" in proc.stderr and "production is unchanged" in proc.stderr
+    assert "run `reprogate promote --push` again" in proc.stderr
+    assert (root / "models/production.json").read_bytes() == before
+    assert git_cmd(root, "rev-parse", "HEAD") == head and git_cmd(root, "tag", "--list") == ""
+    remote.unlink()
+    remote.mkdir()
+    assert "is in production" in run_cli("promote", "--push", cwd=root, env=GIT_ID, check=True).stdout
+
+
+def test_promote_push_without_a_remote_says_how_to_configure_one(home_pipeline, tmp_path):
+    root = copy_home(home_pipeline, tmp_path / "home")
+    proc = run_cli("promote", "--push", cwd=root, env=GIT_ID)
+    assert proc.returncode == 2 and "make remote URL=" in proc.stderr
+    assert git_cmd(root, "tag", "--list") == ""
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("s3://team-bucket/dvc", "needs DVC's dvc-s3 plugin, which is not installed"),
+        ("ftp://example.com/x", "'ftp://' is not a storage reprogate configures"),
+        ("inside", "inside the project"),
+    ],
+)
+def test_a_remote_reprogate_cannot_use_is_refused_by_name(tmp_path, url, said):
+    root = tmp_path / "project"
+    root.mkdir()
+    git_cmd(root, "init", "-q")
+    dvc_cmd(root, "init", "-q")
+    (root / "params.yaml").write_text("data: specs/data/x.yaml\nmodels: []\ngate: specs/gate.yaml\n")
+    proc = run_cli("remote", url, cwd=root)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and said in proc.stderr
+    assert "shared" not in (root / ".dvc" / "config").read_text()
+
+
+def test_the_default_remote_is_a_folder_beside_the_project(tmp_path):
+    root = tmp_path / "project"
+    root.mkdir()
+    git_cmd(root, "init", "-q")
+    dvc_cmd(root, "init", "-q")
+    (root / "params.yaml").write_text("data: specs/data/x.yaml\nmodels: []\ngate: specs/gate.yaml\n")
+    run_cli("remote", cwd=root, check=True)
+    assert (tmp_path / "reprogate-remote").is_dir()
+    assert f"url = {tmp_path / 'reprogate-remote'}" in (root / ".dvc" / "config").read_text()
