@@ -42,13 +42,13 @@ remote: venv
 	reprogate remote $(URL)
 
 test: venv
-	ruff check src tests bench
+	ruff check src tests bench tools
 	reprogate validate specs/
 	reprogate compile --check
 	python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 lint: venv
-	ruff check src tests bench
+	ruff check src tests bench tools
 	ruff format --check src tests
 
 bench: venv
