@@ -14,7 +14,7 @@ from reprogate import imports
 LAYERS = {
     "utilities": [
         "errors", "hashing", "jsonl", "text", "atomic", "paths", "imports", "pause", "git", "locks",
-        "queries", "dvc_cli",
+        "queries", "dvc_cli", "stats",
     ],
     "specs": ["specs", "records", "headline", "runlog"],
     "core": [
@@ -23,7 +23,10 @@ LAYERS = {
     ],
     "domain": ["calibration", "production", "pipeline"],
     "stages": ["stages"],
-    "entry points": ["cli", "compile", "promote", "promote_commit", "remote", "serve", "__main__"],
+    "entry points": [
+        "cli", "compile", "promote", "promote_commit", "remote", "report", "report_data",
+        "report_markdown", "report_plots", "serve", "__main__",
+    ],
 }  # fmt: skip
 MODULES = imports.modules()
 

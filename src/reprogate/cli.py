@@ -89,6 +89,13 @@ def _promote(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from reprogate.report import write
+
+    print(write(_project(), args.base, args.head, Path(args.out)))
+    return 0
+
+
 def _remote(args: argparse.Namespace) -> int:
     from reprogate.remote import configure
 
@@ -265,6 +272,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="push the outputs to the DVC remote first (a failure changes nothing), then the commit and tag",
     )
     pr.set_defaults(func=_promote)
+
+    rp = sub.add_parser("report", help="compare two revisions from their files: report.md + PNG plots")
+    rp.add_argument("--base", required=True, help="the revision to compare with (e.g. origin/main)")
+    rp.add_argument("--head", help="the revision under review (default: the working tree)")
+    rp.add_argument("--out", default="report", help="folder for report.md, report.json and plots")
+    rp.set_defaults(func=_report)
 
     rm = sub.add_parser("remote", help="make URL the project's default DVC remote (make remote URL=...)")
     rm.add_argument("url", nargs="?", help="a local folder (default ../reprogate-remote), s3://, gs://, ...")

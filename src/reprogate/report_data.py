@@ -1,0 +1,149 @@
+"""What `reprogate report` reads of one revision: its records, lock file and prediction files.
+
+A revision is a git commit (or the working tree, rev None). Files git tracks (results/,
+metrics/, plots/, dvc.lock) are read with `git show`; DVC outputs (prediction files, model
+fingerprints) through `dvc.api.open`, which finds them in the local cache or the remote. Every
+record is validated by the same model its writer used. A revision made before results/ existed
+kept the complete records under metrics/: those are read from there, so a report can compare
+with a base from before this layout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from reprogate import git, paths
+from reprogate.errors import UserError, first_problem
+from reprogate.records import Decision, Evaluation, Fingerprint, R, ResumeRecord
+
+
+@dataclass
+class Revision:
+    root: Path
+    rev: str | None  # None: the working tree
+    missing: list[str] = field(default_factory=list)  # what could not be read, said in the report
+
+    @cached_property
+    def commit(self) -> str | None:
+        if self.rev is None:
+            return None
+        proc = git.completed(self.root, "rev-parse", "--verify", "-q", f"{self.rev}^{{commit}}")
+        if proc.returncode != 0:
+            raise UserError(
+                f"report: '{self.rev}' is not a commit of {self.root} (git rev-parse found nothing); "
+                "give a branch, tag or commit that exists here (`git fetch` a remote branch first)."
+            )
+        return proc.stdout.strip()
+
+    @property
+    def label(self) -> str:
+        return "working tree" if self.rev is None else f"{self.rev} ({self.commit[:7]})"
+
+    def text(self, path: Path | str) -> str | None:
+        """A git-tracked file as this revision holds it; None when it has none."""
+        if self.rev is None:
+            p = self.root / path
+            return p.read_text(encoding="utf-8") if p.is_file() else None
+        proc = git.completed(self.root, "show", f"{self.commit}:{Path(path).as_posix()}")
+        return proc.stdout if proc.returncode == 0 else None
+
+    def output(self, path: Path | str) -> str | None:
+        """A DVC output as this revision's dvc.lock pins it, from the cache or the remote."""
+        if self.rev is None:
+            p = self.root / path
+            if p.is_file():
+                return p.read_text(encoding="utf-8")
+            self.missing.append(f"{path} (not in the working tree: run `dvc repro` or `dvc pull`)")
+            return None
+        import dvc.api
+
+        try:
+            with dvc.api.open(str(path), repo=str(self.root), rev=self.commit, encoding="utf-8") as f:
+                return f.read()
+        except Exception as e:  # noqa: BLE001 - DVC raises many kinds; each means "not here"
+            self.missing.append(f"{path} ({type(e).__name__}: not in the DVC cache or remote)")
+            return None
+
+    def record(self, shape: type[R], *candidates: Path) -> R | None:
+        """The first of `candidates` this revision has, validated as `shape`: a damaged one is
+        named, never passed over for the next."""
+        for path in candidates:
+            raw = self.text(path)
+            if raw is None:
+                continue
+            try:
+                return shape.model_validate_json(raw, strict=True)
+            except ValidationError as e:
+                where, found = first_problem(e)
+                raise UserError(
+                    f"report: {path} at {self.label}: field '{where}': {found}; it is not the record "
+                    "reprogate writes. Compare revisions whose records `make repro` wrote."
+                ) from None
+        return None
+
+    @cached_property
+    def gate(self) -> Decision | None:
+        return self.record(Decision, paths.GATE_DECISION, paths.GATE_METRICS)
+
+    def evaluation(self, model: str) -> Evaluation | None:
+        name = "eval.json"
+        return self.record(Evaluation, paths.results_dir(model) / name, paths.metrics_dir(model) / name)
+
+    def resume(self, model: str) -> ResumeRecord | None:
+        name = "resume.json"
+        return self.record(ResumeRecord, paths.results_dir(model) / name, paths.metrics_dir(model) / name)
+
+    def per_intent(self, model: str) -> dict[str, float]:
+        """Intent -> F1 on the held-out test set (plots/<m>/per_intent.json, or the older
+        metrics/<m>/per_intent.json keyed by set)."""
+        raw = self.text(paths.plots_dir(model) / "per_intent.json")
+        if raw is not None:
+            return {r["intent"]: r["f1"] for r in json.loads(raw)}
+        old = self.text(paths.metrics_dir(model) / "per_intent.json")
+        return {k: v["f1"] for k, v in json.loads(old).get("test", {}).items()} if old else {}
+
+    def predictions(self, model: str, split: str = "test") -> dict[str, tuple[str, str, str]]:
+        """id -> (text, gold, predicted) of a prediction file; {} when it cannot be read."""
+        raw = self.output(paths.predictions_dir(model) / f"{split}.jsonl")
+        out = {}
+        for line in (raw or "").splitlines():
+            r = json.loads(line)
+            out[str(r["id"])] = (r["text"], r["gold"], r["predicted"])
+        return out
+
+    def fingerprint(self, model: str) -> Fingerprint | None:
+        raw = self.output(paths.model_dir(model) / "fingerprint.json")
+        return Fingerprint.model_validate_json(raw) if raw else None
+
+    @cached_property
+    def lock(self) -> dict[str, Any]:
+        """Stage -> its dvc.lock entry (deps, params, outs with their hashes)."""
+        raw = self.text(paths.DVC_YAML.with_suffix(".lock"))
+        return (yaml.safe_load(raw) or {}).get("stages", {}) if raw else {}
+
+    def file_sha256(self, path: str) -> str | None:
+        raw = self.text(path)
+        return hashlib.sha256(raw.encode()).hexdigest() if raw is not None else None
+
+
+def stage_changes(base: dict[str, Any], head: dict[str, Any]) -> dict[str, list[str]]:
+    """Which stages' lock entries differ (they ran again for head), are the same, or were
+    added or removed. Compared whole: a dependency, parameter or output hash that moved."""
+
+    def key(entry: dict[str, Any]) -> str:
+        return json.dumps(entry, sort_keys=True)
+
+    return {
+        "reran": sorted(s for s in head if s in base and key(head[s]) != key(base[s])),
+        "unchanged": sorted(s for s in head if s in base and key(head[s]) == key(base[s])),
+        "added": sorted(s for s in head if s not in base),
+        "removed": sorted(s for s in base if s not in head),
+    }
