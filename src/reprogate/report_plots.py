@@ -10,18 +10,21 @@ SCHEMA = "https://vega.github.io/schema/vega-lite/v5.json"
 
 
 def _grouped(values: list[dict], x: str, title: str, y_title: str, zero: bool = True) -> dict[str, Any]:
-    """Bars of base and head side by side for each x (`zero`: the axis starts at 0)."""
+    """Bars of base and head side by side for each x (`zero`: the axis starts at 0, else just
+    below the lowest bar: a bar's axis starts at 0 unless given a domain)."""
+    low = min(v["value"] for v in values)
+    scale = {"domain": [max(0.0, round(low - 0.05, 2)), 1.0]} if not zero else {}
     return {
         "$schema": SCHEMA,
         "title": title,
         "data": {"values": values},
-        "mark": "bar",
+        "mark": {"type": "bar", "clip": True},
         "width": {"step": 28},
         "height": 220,
         "encoding": {
             "x": {"field": x, "type": "nominal", "sort": None, "axis": {"labelAngle": -40}},
             "xOffset": {"field": "revision", "sort": ["base", "head"]},
-            "y": {"field": "value", "type": "quantitative", "title": y_title, "scale": {"zero": zero}},
+            "y": {"field": "value", "type": "quantitative", "title": y_title, "scale": scale},
             "color": {"field": "revision", "sort": ["base", "head"]},
         },
     }
