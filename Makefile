@@ -26,10 +26,11 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 venv: $(VENV)/.installed
 
 # With a DVC remote (make remote), what it holds is restored first (outputs and run-cache) and
-# only what is missing runs; without one, everything is computed here.
+# only what is missing runs; without one, or with PULL=no, everything is computed here.
+PULL ?= auto
 repro: venv
 	reprogate compile --check
-	@if remote=$$(dvc remote default 2>/dev/null) && [ -n "$$remote" ]; then \
+	@if [ "$(PULL)" != no ] && remote=$$(dvc remote default 2>/dev/null) && [ -n "$$remote" ]; then \
 		echo "make repro: restoring what DVC remote '$$remote' holds, running only what is missing"; \
 		echo "dvc repro --pull"; dvc repro --pull; \
 	else \
