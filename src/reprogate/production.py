@@ -18,13 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from reprogate import git, paths
 from reprogate.calibration import Policy, prediction, probabilities
-from reprogate.errors import UserError, first_problem
+from reprogate.errors import UserError
 from reprogate.model_folder import Scorer, model_version
-from reprogate.records import RESTORE_PRODUCTION, ProductionRecord, Promoted
+from reprogate.records import RESTORE_PRODUCTION, ProductionRecord, Promoted, validated
 
 
 @dataclass(frozen=True)
@@ -158,13 +156,7 @@ def read_promoted(root: Path, sources: Sources) -> Promoted:
             f"{path}: no model in production yet; run `reprogate promote` after a "
             "passing gate, or pass --model models/NAME."
         )
-    try:
-        return Promoted.model_validate(raw, strict=True)
-    except ValidationError as e:
-        field, found = first_problem(e)
-        raise UserError(
-            f"{path}: field '{field}': {found}; it is not the record `reprogate promote` wrote. {RESTORE}."
-        ) from None
+    return validated(raw, Promoted, str(path), f"it is not the record `reprogate promote` wrote. {RESTORE}.")
 
 
 def load_servable(root: Path, model_dir: Path | None = None, device: str = "auto") -> Loaded:

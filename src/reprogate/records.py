@@ -55,14 +55,21 @@ def write(path: Path, record: Record, indent: int = 2) -> None:
     path.write_text(dumps(record, indent))
 
 
-def load(path: Path, shape: type[R], fix: str) -> R:
-    """A record reprogate wrote, or one paragraph naming the file, the field and `fix`."""
-    raw = read_json(path, fix)
+def validated(raw: str | bytes | dict, shape: type[R], where: str, fix: str) -> R:
+    """`raw` (JSON text, or parsed) as `shape`, strictly; or one paragraph naming `where`, the
+    field and `fix`."""
     try:
-        return shape.model_validate(raw, strict=True)
+        if isinstance(raw, dict):
+            return shape.model_validate(raw, strict=True)
+        return shape.model_validate_json(raw, strict=True)
     except ValidationError as e:
         field, found = first_problem(e)
-        raise UserError(f"{path}: field '{field}': {found}; {fix}") from None
+        raise UserError(f"{where}: field '{field}': {found}; {fix}") from None
+
+
+def load(path: Path, shape: type[R], fix: str) -> R:
+    """A record reprogate wrote, or one paragraph naming the file, the field and `fix`."""
+    return validated(read_json(path, fix), shape, str(path), fix)
 
 
 def parse(path: Path, shape: type[R]) -> tuple[R | None, str | None]:

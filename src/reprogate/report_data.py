@@ -18,11 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
 
 from reprogate import git, paths
-from reprogate.errors import UserError, first_problem
-from reprogate.records import Decision, Evaluation, Fingerprint, R, ResumeRecord
+from reprogate.errors import UserError
+from reprogate.records import Decision, Evaluation, Fingerprint, R, ResumeRecord, validated
 
 
 @dataclass
@@ -79,14 +78,8 @@ class Revision:
             raw = self.text(path)
             if raw is None:
                 continue
-            try:
-                return shape.model_validate_json(raw, strict=True)
-            except ValidationError as e:
-                where, found = first_problem(e)
-                raise UserError(
-                    f"report: {path} at {self.label}: field '{where}': {found}; it is not the record "
-                    "reprogate writes. Compare revisions whose records `make repro` wrote."
-                ) from None
+            fix = "it is not the record reprogate writes. Compare revisions whose records `make repro` wrote."
+            return validated(raw, shape, f"report: {path} at {self.label}", fix)
         return None
 
     @cached_property
