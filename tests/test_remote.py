@@ -8,6 +8,7 @@ with this test session's environment (`-o` keeps make from rebuilding it in each
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +54,11 @@ def test_a_fresh_clone_reproduces_every_stage_to_the_committed_files(home_pipeli
     assert len(entries) == 1 and not bad and entries[0].telemetry["wall_s"] > 0
     assert entries[0].code_commit == git_cmd(root, "rev-parse", "HEAD").strip()
     assert git_cmd(root, "check-ignore", "logs/train@tiny.jsonl").strip() == "logs/train@tiny.jsonl"
+    # Every stage that ran has its line (wall time and peak memory at least), none other.
+    ran = set(re.findall(r"Running stage '([^']+)'", proc.stdout))
+    assert {p.stem for p in (root / "logs").glob("*.jsonl")} == ran
+    prepare = runlog.read(root / "logs" / "prepare.jsonl")[0][0].telemetry
+    assert prepare["wall_s"] > 0 and prepare["peak_rss_gb"] > 0
 
 
 def test_two_clones_share_a_remote_and_the_second_runs_nothing(home_pipeline, tmp_path):

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from reprogate.records import Record
 
@@ -42,3 +42,6 @@ class Context:
 class Result:
     summary: str  # the one line the stage ends with ("" from training ranks other than 0)
     record: Record | None = None  # what it wrote, as its readers read it
+    # What the run measured about itself beyond wall time and peak memory (throughput, device,
+    # the step it resumed from): its run-log line, never a tracked file (see runlog.py).
+    telemetry: dict[str, Any] = field(default_factory=dict)

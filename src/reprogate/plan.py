@@ -15,7 +15,8 @@ from pathlib import Path
 
 from reprogate import checkpoint, distributed
 from reprogate.errors import UserError
-from reprogate.runtime import device_peak_gb, peak_rss_gb
+from reprogate.runlog import peak_rss_gb
+from reprogate.runtime import device_peak_gb
 
 # Memory is steady after the first updates; texts longer than those sampled can add a little.
 MEMORY_MARGIN = 1.10

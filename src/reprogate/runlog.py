@@ -2,22 +2,31 @@
 
 Wall time, throughput, peak memory, the measured projection, whether the run resumed: these
 change every time the same inputs are run again, so in a DVC metric file they made every
-reproduction a change to commit (and `dvc.lock` churn). Each run appends one RunLogEntry line
-to logs/<stage>.jsonl instead: git-ignored, never a DVC output (DVC neither deletes nor
-caches it), read by people and by the run registry. A stage restored from DVC's cache did not
-run, and logs nothing.
+reproduction a change to commit (and `dvc.lock` churn). Each run of a stage appends one
+RunLogEntry line to logs/<stage>.jsonl instead (`stages.run` does, for every stage: its wall
+time and peak memory, and whatever else the stage measured): git-ignored, never a DVC output
+(DVC neither deletes nor caches it), read by people and by the run registry. A stage restored
+from DVC's cache did not run, and logs nothing.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import socket
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from reprogate import git, jsonl
 from reprogate.records import RunLogEntry
+
+
+def peak_rss_gb() -> float:
+    """Peak resident memory of this process (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1 << 30) if sys.platform == "darwin" else peak / (1 << 20)
 
 
 def _commit(root: Path) -> tuple[str | None, bool | None]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import platform
 import random
-import resource
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -115,12 +114,6 @@ def environment(device) -> dict[str, str]:
 
         env["device_name"] = torch.cuda.get_device_name(device)
     return env
-
-
-def peak_rss_gb() -> float:
-    """Peak resident memory of this process (Linux reports KiB, macOS bytes)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / (1 << 30) if sys.platform == "darwin" else peak / (1 << 20)
 
 
 def device_peak_gb(device) -> float | None:

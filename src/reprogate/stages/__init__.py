@@ -8,10 +8,13 @@ from its imports by `reprogate compile`) is exactly the code it runs.
 from __future__ import annotations
 
 import importlib
+import time
 from types import ModuleType
 
+from reprogate import paths, runlog
 from reprogate.errors import UserError
 from reprogate.pipeline import Context, Result
+from reprogate.runlog import peak_rss_gb
 
 NAMES = ("prepare", "features", "train", "combine", "calibrate", "evaluate", "resume_check", "gate")
 
@@ -23,8 +26,18 @@ def module(name: str) -> ModuleType:
 
 
 def run(name: str, ctx: Context) -> Result:
-    """Run one stage: its Result ends with the stage's one-line summary."""
+    """Run one stage: its Result ends with the stage's one-line summary, and the run's
+    telemetry is a line of its run log (a training rank other than 0, or the launcher of the
+    ranks, says nothing: rank 0 speaks for the run)."""
     stage = module(name)
     if stage.PER_MODEL and not ctx.model:
         raise UserError(f"stage {name} needs a model name, e.g. `reprogate stage {name} ngram`.")
-    return stage.run(ctx)
+    started = time.perf_counter()
+    result = stage.run(ctx)
+    if result.summary:
+        address = f"{name}@{ctx.model}" if ctx.model else name
+        # A run in a folder of its own (resume_check's children, tests) logs there.
+        log = ctx.work_dir / "run.jsonl" if ctx.work_dir else ctx.root / paths.run_log(address)
+        measured = {"wall_s": round(time.perf_counter() - started, 2), "peak_rss_gb": round(peak_rss_gb(), 3)}
+        runlog.append(ctx.root, log, address, measured | result.telemetry)
+    return result

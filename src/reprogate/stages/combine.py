@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from reprogate import paths, runlog
+from reprogate import paths
 from reprogate.calibration import separable
 from reprogate.data import gold_indices, rows, splits, write_features
 from reprogate.errors import UserError, read_json
@@ -140,9 +140,7 @@ def combine(root: Path, name: str) -> dict[str, Any]:
         **({} if fitted else unfitted),
     )
     write(root / paths.metrics_dir(name) / "train.json", record)
-    telemetry = {"wall_s": round(time.perf_counter() - started, 2)}
-    runlog.append(root, root / paths.run_log(f"combine@{name}"), f"combine@{name}", telemetry)
-    return {**record.model_dump(mode="json", exclude_unset=True), **telemetry}
+    return {**record.model_dump(mode="json", exclude_unset=True), "wall_s": time.perf_counter() - started}
 
 
 def summary(name: str, m: dict[str, Any]) -> str:

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import yaml
 
-from reprogate import checkpoint, paths, runlog
+from reprogate import checkpoint, paths
 from reprogate.errors import UserError
 from reprogate.headline import ResumeMetrics
 from reprogate.pause import PAUSE_ENV
@@ -243,11 +243,9 @@ def check(root: Path, name: str, log=None) -> dict[str, Any]:
     record = ResumeRecord.model_validate(result)
     write(root / paths.results_dir(name) / "resume.json", record)
     write(root / paths.metrics_dir(name) / "resume.json", ResumeMetrics.of(record))
-    telemetry = {"wall_s": round(time.perf_counter() - started, 2), "device": device}
-    runlog.append(root, root / paths.run_log(f"resume_check@{name}"), f"resume_check@{name}", telemetry)
     if passed:
         shutil.rmtree(base)  # large, and everything worth keeping is in resume.json
-    return {**result, **telemetry}
+    return {**result, "wall_s": round(time.perf_counter() - started, 2)}
 
 
 def summary(name: str, r: dict[str, Any]) -> str:
@@ -266,4 +264,5 @@ def summary(name: str, r: dict[str, Any]) -> str:
 
 
 def run(ctx: Context) -> Result:
-    return Result(summary(ctx.model, check(ctx.root, ctx.model, ctx.log)))
+    r = check(ctx.root, ctx.model, ctx.log)
+    return Result(summary(ctx.model, r), telemetry={"device": r["device"]})

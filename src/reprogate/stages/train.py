@@ -6,7 +6,8 @@ models/<m>/            weights (safetensors), config, labels, fingerprint: what 
 metrics/<m>/train.json steps, epochs, final loss, validation accuracy (the same on every rerun)
 plots/<m>/train.tsv    step, loss, learning rate
 logs/train@<m>.jsonl   a line per run: wall time, examples/s, peak memory, device, projected vs
-                       actual, resumed from (git-ignored telemetry, see runlog.py)
+                       actual, resumed from (git-ignored telemetry, see runlog.py; written by
+                       stages.run from this stage's Result)
 A spec with `processes: N` starts N ranks of this same command; rank 0 speaks for the run.
 """
 
@@ -17,12 +18,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from reprogate import checkpoint, distributed, runlog
+from reprogate import checkpoint, distributed
 from reprogate.model_folder import TRAIN_FILES, export_trained
 from reprogate.pipeline import Context, Result
 from reprogate.plan import BudgetWatchdog, Plan, check_budget, measure
 from reprogate.records import Fingerprint, TrainRecord, write
-from reprogate.runtime import device_peak_gb, peak_rss_gb, rank_and_world
+from reprogate.runlog import peak_rss_gb
+from reprogate.runtime import device_peak_gb, rank_and_world
 from reprogate.specs import Pipeline
 from reprogate.trainer import Trainer
 from reprogate.training import Paths, Setup, processes_to_launch, validation_accuracy
@@ -132,13 +134,12 @@ def _record(paths: Paths, setup: Setup, trainer: Trainer, timing, val_acc, plan,
         "projected": plan.as_dict() if plan else None,
     }
     write(paths.metrics / "train.json", record)
-    runlog.append(setup.root, paths.log, f"train@{paths.name}", telemetry)
     paths.plots.mkdir(parents=True, exist_ok=True)
     with open(paths.plots / "train.tsv", "w") as f:
         f.write("step\tloss\tlr\n")
         for i, (loss, lr) in enumerate(zip(p.losses, p.lrs, strict=True), start=1):
             f.write(f"{i}\t{loss:.6f}\t{lr:.8g}\n")
-    return {**record.model_dump(mode="json", exclude_unset=True), **telemetry}
+    return {**record.model_dump(mode="json", exclude_unset=True), **telemetry, "telemetry": telemetry}
 
 
 def summary(name: str, m: dict[str, Any]) -> str:
@@ -161,4 +162,5 @@ def run(ctx: Context) -> Result:
         return Result(
             distributed.launch(ctx.root, argv + ["--skip-plan"] * ctx.skip_plan, processes, paths.spec)
         )
-    return Result(summary(ctx.model, train(ctx.root, paths, ctx.skip_plan, ctx.log)))
+    m = train(ctx.root, paths, ctx.skip_plan, ctx.log)
+    return Result(summary(ctx.model, m), telemetry=m.get("telemetry", {}))
