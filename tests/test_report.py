@@ -111,7 +111,18 @@ def test_the_markdown_and_plots_render_the_report(two_commits):
     for section in ("## Gate", "## Paired predictions", "## Stages (from dvc.lock)", "## Resume checks"):
         assert section in md
     assert "`train@tiny`" in md.split("- reran", 1)[1].split("\n", 1)[0]
-    for png in ("accuracy.png", "intents.png") if r["intents"]["moved"] else ("accuracy.png",):
+    chosen = r["intents"]["model"]
+    # DVC's own plots of the chosen candidate (base and head overlaid), beside the report's two.
+    declared = {
+        Path(next(iter(plot))).stem
+        for stage in yaml.safe_load(git_cmd(root, "show", "HEAD:dvc.yaml"))["stages"].values()
+        if chosen in stage.get("foreach", {})
+        for plot in stage["do"].get("plots", [])
+    }
+    pngs = {f"{chosen}-{stem}.png" for stem in declared} | {"accuracy.png"}
+    pngs |= {"intents.png"} if r["intents"]["moved"] else set()
+    assert {p.name for p in out.glob("*.png")} == pngs
+    for png in pngs:
         assert f"]({png})" in md and (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert r["resume"][0]["head"]["passed"] is True
     assert r["environment"]["head"]["environment"]["torch"].startswith("2.")

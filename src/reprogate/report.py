@@ -167,13 +167,15 @@ def build(root: Path, base_rev: str, head_rev: str | None = None) -> dict[str, A
 
 
 def write(root: Path, base_rev: str, head_rev: str | None, out: Path) -> str:
+    from reprogate import report_plots
     from reprogate.report_markdown import render
-    from reprogate.report_plots import draw
 
     report = build(root, base_rev, head_rev)
+    theirs, missing = report_plots.dvc_plots(root, base_rev, head_rev, report["intents"]["model"])
+    report["missing"] += [missing] if missing else []
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
-    images = draw(report, out)
+    images = report_plots.draw(report_plots.specs(report) | theirs, out)
     (out / "report.md").write_text(render(report, images), encoding="utf-8")
     g = report["gate"]
     verdict = lambda s: "no gate record" if not g[s] else (g[s]["chosen"] or "nothing passed")  # noqa: E731

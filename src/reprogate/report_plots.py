@@ -1,10 +1,15 @@
-"""The report's PNG plots: Vega-Lite specs built from report.json, drawn by vl-convert (Vega
-compiled into the wheel: no browser, no network)."""
+"""The report's PNG plots, drawn by vl-convert (Vega compiled into the wheel: no browser, no
+network): two built from report.json (held-out accuracy per candidate, the intents that moved
+most), and DVC's own plots of the chosen candidate as `dvc plots diff` overlays base and head
+(the same Vega-Lite specs the offline HTML page draws)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
+
+from reprogate import dvc_cli
 
 SCHEMA = "https://vega.github.io/schema/vega-lite/v5.json"
 
@@ -54,12 +59,27 @@ def specs(report: dict[str, Any]) -> dict[str, tuple[str, dict[str, Any]]]:
     return out
 
 
-def draw(report: dict[str, Any], out: Path) -> dict[str, str]:
+def dvc_plots(root: Path, base: str, head: str | None, model: str | None) -> tuple[dict, str | None]:
+    """file name -> (title, spec) of DVC's plots of `model`, base and head in each, and why they
+    are missing when `dvc plots diff` fails."""
+    if model is None:
+        return {}, None
+    proc = dvc_cli.call(root, "plots", "diff", "--json", base, *([head] if head else []))
+    if proc.returncode != 0:
+        return {}, f"DVC's plots (`dvc plots diff` failed: {dvc_cli.last_error(proc)})"
+    out = {}
+    for path, parts in json.loads(proc.stdout or "{}").get("data", {}).items():
+        if path.startswith(f"plots/{model}/") and parts and parts[0].get("type") == "vega":
+            out[f"{model}-{Path(path).stem}.png"] = (f"{path}, base and head", parts[0]["content"])
+    return out, None
+
+
+def draw(plots: dict[str, tuple[str, dict[str, Any]]], out: Path) -> dict[str, str]:
     """Write each plot to out/<name>.png; file name -> title."""
     import vl_convert
 
     drawn = {}
-    for name, (title, spec) in specs(report).items():
+    for name, (title, spec) in plots.items():
         (out / name).write_bytes(vl_convert.vegalite_to_png(spec, scale=2))
         drawn[name] = title
     return drawn
