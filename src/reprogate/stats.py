@@ -1,7 +1,8 @@
-"""Paired comparisons of two models on the same items: what a reviewer needs to tell a real
-change from resampling noise.
+"""Scores and their uncertainty: per-class F1, bootstrap intervals of one model (evaluate), and
+paired comparisons of two models on the same items (the report), which a reviewer needs to tell
+a real change from resampling noise.
 
-Both tests pair by item: each resample (bootstrap) or each discordant item (McNemar) takes the
+The paired tests pair by item: each resample (bootstrap) or each discordant item (McNemar) takes the
 two models' answers to the same query together, which is far more sensitive than comparing two
 independent intervals, and is the honest test when the held-out set is the same.
 """
@@ -9,19 +10,43 @@ independent intervals, and is the honest test when the held-out set is the same.
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import binomtest
 
 RESAMPLES = 1000
 
 
-def macro_f1(gold: np.ndarray, pred: np.ndarray, classes: int) -> float:
-    """Mean F1 over the classes present in `gold` (a prediction outside them counts as wrong)."""
-    tp = np.bincount(gold[gold == pred], minlength=classes).astype(float)
-    support = np.bincount(gold, minlength=classes).astype(float)
-    predicted = np.bincount(pred, minlength=classes)[:classes].astype(float)
-    denom = support + predicted
-    f1 = np.divide(2 * tp, denom, out=np.zeros(classes), where=denom > 0)
+def per_class(
+    gold: np.ndarray, pred: np.ndarray, n: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Precision, recall, F1 and support of each of the `n` classes."""
+    # Classes >= n (the out-of-scope class) count as wrong predictions for every intent.
+    tp = np.bincount(gold[gold == pred], minlength=n)[:n].astype(float)
+    support = np.bincount(gold, minlength=n)[:n].astype(float)
+    predicted = np.bincount(pred, minlength=n)[:n].astype(float)
+    precision = np.divide(tp, predicted, out=np.zeros(n), where=predicted > 0)
+    recall = np.divide(tp, support, out=np.zeros(n), where=support > 0)
+    f1 = np.divide(2 * precision * recall, precision + recall, out=np.zeros(n), where=precision + recall > 0)
+    return precision, recall, f1, support
+
+
+def macro_f1(gold: np.ndarray, pred: np.ndarray, n: int) -> float:
+    """Mean F1 over the classes present in `gold`."""
+    _, _, f1, support = per_class(gold, pred, n)
     return float(f1[support > 0].mean())
+
+
+def _ci95(xs: list[float]) -> list[float]:
+    return [float(np.percentile(xs, 2.5)), float(np.percentile(xs, 97.5))]
+
+
+def bootstrap_ci(gold: np.ndarray, pred: np.ndarray, n: int, seed: int = 0) -> dict[str, list[float]]:
+    """95% percentile intervals of one model's accuracy and macro-F1 over resampled items."""
+    rng = np.random.default_rng(seed)
+    acc, f1 = [], []
+    for _ in range(RESAMPLES):
+        i = rng.integers(0, len(gold), len(gold))
+        acc.append(float((gold[i] == pred[i]).mean()))
+        f1.append(macro_f1(gold[i], pred[i], n))
+    return {"accuracy_ci95": _ci95(acc), "macro_f1_ci95": _ci95(f1)}
 
 
 def paired_bootstrap(
@@ -37,12 +62,13 @@ def paired_bootstrap(
         i = rng.integers(0, n, n)
         acc.append(float(right_h[i].mean() - right_b[i].mean()))
         f1.append(macro_f1(gold[i], head[i], classes) - macro_f1(gold[i], base[i], classes))
-    q = lambda xs: [float(np.percentile(xs, 2.5)), float(np.percentile(xs, 97.5))]  # noqa: E731
-    return {"accuracy": q(acc), "macro_f1": q(f1)}
+    return {"accuracy": _ci95(acc), "macro_f1": _ci95(f1)}
 
 
 def mcnemar(base_right: np.ndarray, head_right: np.ndarray) -> dict[str, float | int]:
     """Exact McNemar test: of the items exactly one model gets right, is the split 50/50?"""
+    from scipy.stats import binomtest  # only the report needs it: evaluate starts without scipy
+
     fixed = int((~base_right & head_right).sum())
     broken = int((base_right & ~head_right).sum())
     p = binomtest(fixed, fixed + broken, 0.5).pvalue if fixed + broken else 1.0

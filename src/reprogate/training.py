@@ -31,8 +31,7 @@ PACKAGE = Path(__file__).resolve().parent
 
 @dataclass
 class Paths:
-    """Where one run reads its spec and writes its checkpoints, model, metrics, plots and
-    telemetry (a line of its run log)."""
+    """Where one run reads its spec and writes its checkpoints, model, metrics and plots."""
 
     name: str
     spec: Path
@@ -40,7 +39,6 @@ class Paths:
     model: Path
     metrics: Path
     plots: Path
-    log: Path
 
     @classmethod
     def for_model(
@@ -59,7 +57,6 @@ class Paths:
                 work / "model",
                 work / "metrics",
                 work / "plots",
-                work / "run.jsonl",
             )
         return cls(
             name=name,
@@ -68,7 +65,6 @@ class Paths:
             model=root / project.model_dir(name),
             metrics=root / project.metrics_dir(name),
             plots=root / project.plots_dir(name),
-            log=root / project.run_log(f"train@{name}"),
         )
 
 

@@ -14,7 +14,6 @@ from types import ModuleType
 from reprogate import paths, runlog
 from reprogate.errors import UserError
 from reprogate.pipeline import Context, Result
-from reprogate.runlog import peak_rss_gb
 
 NAMES = ("prepare", "features", "train", "combine", "calibrate", "evaluate", "resume_check", "gate")
 
@@ -38,6 +37,9 @@ def run(name: str, ctx: Context) -> Result:
         address = f"{name}@{ctx.model}" if ctx.model else name
         # A run in a folder of its own (resume_check's children, tests) logs there.
         log = ctx.work_dir / "run.jsonl" if ctx.work_dir else ctx.root / paths.run_log(address)
-        measured = {"wall_s": round(time.perf_counter() - started, 2), "peak_rss_gb": round(peak_rss_gb(), 3)}
+        measured = {
+            "wall_s": round(time.perf_counter() - started, 2),
+            "peak_rss_gb": round(runlog.peak_rss_gb(), 3),
+        }
         runlog.append(ctx.root, log, address, measured | result.telemetry)
     return result

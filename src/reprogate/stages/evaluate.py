@@ -28,8 +28,8 @@ from reprogate.model_folder import TRAIN_FILES, Scorer, model_version, read_cali
 from reprogate.pipeline import Context, Result
 from reprogate.records import Evaluation, write
 from reprogate.specs import DataSpec, Pipeline, load_spec
+from reprogate.stats import bootstrap_ci, macro_f1, per_class
 
-BOOTSTRAP = 1000
 PER_MODEL = "all"
 
 
@@ -65,36 +65,6 @@ def dvc(p: Pipeline) -> dict[str, Any]:
             },
         ],
     }
-
-
-def per_class(
-    gold: np.ndarray, pred: np.ndarray, n: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    # Classes >= n (the out-of-scope class) count as wrong predictions for every intent.
-    tp = np.bincount(gold[gold == pred], minlength=n)[:n].astype(float)
-    support = np.bincount(gold, minlength=n)[:n].astype(float)
-    predicted = np.bincount(pred, minlength=n)[:n].astype(float)
-    precision = np.divide(tp, predicted, out=np.zeros(n), where=predicted > 0)
-    recall = np.divide(tp, support, out=np.zeros(n), where=support > 0)
-    f1 = np.divide(2 * precision * recall, precision + recall, out=np.zeros(n), where=precision + recall > 0)
-    return precision, recall, f1, support
-
-
-def macro_f1(gold: np.ndarray, pred: np.ndarray, n: int) -> float:
-    _, _, f1, support = per_class(gold, pred, n)
-    return float(f1[support > 0].mean())
-
-
-def bootstrap_ci(gold: np.ndarray, pred: np.ndarray, n: int, seed: int = 0) -> dict[str, list[float]]:
-    """95% percentile intervals of accuracy and macro-F1 over resampled items."""
-    rng = np.random.default_rng(seed)
-    acc, f1 = [], []
-    for _ in range(BOOTSTRAP):
-        i = rng.integers(0, len(gold), len(gold))
-        acc.append(float((gold[i] == pred[i]).mean()))
-        f1.append(macro_f1(gold[i], pred[i], n))
-    q = lambda xs: [float(np.percentile(xs, 2.5)), float(np.percentile(xs, 97.5))]  # noqa: E731
-    return {"accuracy_ci95": q(acc), "macro_f1_ci95": q(f1)}
 
 
 def eval_sets(data: DataSpec) -> dict[str, str]:

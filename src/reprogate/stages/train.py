@@ -139,7 +139,7 @@ def _record(paths: Paths, setup: Setup, trainer: Trainer, timing, val_acc, plan,
         f.write("step\tloss\tlr\n")
         for i, (loss, lr) in enumerate(zip(p.losses, p.lrs, strict=True), start=1):
             f.write(f"{i}\t{loss:.6f}\t{lr:.8g}\n")
-    return {**record.model_dump(mode="json", exclude_unset=True), **telemetry, "telemetry": telemetry}
+    return {**record.model_dump(mode="json", exclude_unset=True), **telemetry}
 
 
 def summary(name: str, m: dict[str, Any]) -> str:
@@ -163,4 +163,7 @@ def run(ctx: Context) -> Result:
             distributed.launch(ctx.root, argv + ["--skip-plan"] * ctx.skip_plan, processes, paths.spec)
         )
     m = train(ctx.root, paths, ctx.skip_plan, ctx.log)
-    return Result(summary(ctx.model, m), telemetry=m.get("telemetry", {}))
+    # Everything but the tracked record is telemetry (rank > 0 returns {"rank": r}, logs nothing).
+    return Result(
+        summary(ctx.model, m), telemetry={k: v for k, v in m.items() if k not in TrainRecord.model_fields}
+    )
