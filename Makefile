@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: venv repro remote test lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy clean
+.PHONY: venv repro remote test lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy bench-registry clean
 
 # Rebuilt whenever the lock or the project metadata changes.
 $(VENV)/.installed: requirements.lock pyproject.toml
@@ -72,6 +72,10 @@ bench-neighbours: venv
 # the others, per policy_fit.confidence? The same folds; never the test set.
 bench-policy: venv
 	python bench/policy_cv.py
+
+# The run registry at 100 runs x 3,000 paired predictions: sync, no-op sync, compare, sizes.
+bench-registry: venv
+	python bench/registry_bench.py
 
 lock: venv
 	{ head -3 requirements.lock; python -m pip freeze --exclude-editable | sed 's/^torch==\(.*\)+cpu$$/torch==\1/'; } > requirements.lock.new

@@ -16,7 +16,7 @@ LAYERS = {
         "errors", "hashing", "jsonl", "text", "atomic", "paths", "imports", "pause", "git", "locks",
         "queries", "dvc_cli", "stats",
     ],
-    "specs": ["specs", "records", "headline", "runlog"],
+    "specs": ["specs", "records", "headline", "runlog", "registry_tables"],
     "core": [
         "runtime", "models", "data", "fetch", "checkpoint", "distributed", "trainer", "plan",
         "training", "model_folder",
@@ -24,8 +24,9 @@ LAYERS = {
     "domain": ["calibration", "production", "pipeline"],
     "stages": ["stages"],
     "entry points": [
-        "cli", "compile", "promote", "promote_commit", "remote", "report", "report_data",
-        "report_markdown", "report_plots", "serve", "__main__",
+        "cli", "compile", "promote", "promote_commit", "remote", "report", "revision",
+        "report_markdown", "report_plots", "serve", "__main__", "registry", "registry_collect",
+        "registry_store", "registry_query",
     ],
 }  # fmt: skip
 MODULES = imports.modules()

@@ -11,7 +11,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from reprogate import jsonl, queries
+from reprogate import jsonl, queries, registry
 from reprogate.errors import UserError, relative
 from reprogate.runtime import DEVICES
 from reprogate.specs import find_root
@@ -100,6 +100,13 @@ def _remote(args: argparse.Namespace) -> int:
     from reprogate.remote import configure
 
     print(configure(_project(), args.url, local=args.local))
+    return 0
+
+
+def _registry(args: argparse.Namespace) -> int:
+    from reprogate.registry import command
+
+    print(command(_project(), args), end="")
     return 0
 
 
@@ -283,6 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
     rm.add_argument("url", nargs="?", help="a local folder (default ../reprogate-remote), s3://, gs://, ...")
     rm.add_argument("--local", action="store_true", help="in .dvc/config.local: this copy only")
     rm.set_defaults(func=_remote)
+
+    registry.add_parser(sub).set_defaults(func=_registry)
 
     hi = sub.add_parser("history", help="the promotions, from git")
     hi.set_defaults(func=_history)

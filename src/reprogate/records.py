@@ -14,10 +14,12 @@ KeyError three modules away. Extra fields are kept: a newer writer's record stil
 |                               | CombineRecord     | combine           | dvc metrics, report          |
 | models/<m>/calibration.json   | CalibrationRecord | calibrate         | calibration, promote         |
 | results/<m>/eval.json         | Evaluation        | evaluate          | gate, promote, report        |
+| predictions/<m>/<set>.jsonl   | PredictionLine    | evaluate          | report, the registry         |
 | results/<m>/resume.json       | ResumeRecord      | resume_check      | gate, report                 |
 | results/gate.json             | Decision          | gate              | promote, report              |
 | models/production.json        | ProductionRecord  | promote           | gate, production (serving)   |
 | logs/<stage>.jsonl (a line)   | RunLogEntry       | every timed stage | people, the registry         |
+| runs/<m>/updates/<k>.jsonl    | UpdateLine        | train (rank 0)    | the registry (metrics_raw)   |
 | <git dir>/reprogate/promotion.json | PromotionJournal | promote | promote (a rerun after a kill) |
 
 The headline DVC metric files derived from these (metrics/data.json, metrics/<m>/eval.json,
@@ -33,6 +35,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from reprogate.errors import UserError, first_problem, read_json
+from reprogate.hashing import content_key
 
 
 class Record(BaseModel):
@@ -127,6 +130,12 @@ class Fingerprint(Record):
     members: dict[str, Any] | None = None  # member -> sha256 of its weights and calibration
 
 
+def train_key(fingerprint: Fingerprint) -> str:
+    """What a training run is, as a key: its fingerprint (spec, data, code, environment, steps).
+    Its raw update log is named by it, and the registry joins a run to that log by it."""
+    return content_key(fingerprint.model_dump(mode="json", exclude_unset=True))
+
+
 class TrainRecord(Record):
     """What a run trained to: the same numbers whenever the same inputs are trained again (how
     long it took and how much memory it used are telemetry, in its RunLogEntry)."""
@@ -200,6 +209,26 @@ class Evaluation(Record):
     sets: dict[str, Annotated[LabelledSet | OutOfScopeSet, Field(discriminator="kind")]] = {}
 
 
+class Alternative(Record):
+    intent: str
+    probability: float
+
+
+class PredictionLine(Record):
+    """One line of predictions/<m>/<set>.jsonl: the item, its gold label (None on a set without
+    labels) and the Prediction object of docs/design.md, the answer named `predicted`."""
+
+    id: str
+    text: str
+    gold: str | None
+    predicted: str
+    probability: float
+    alternatives: list[Alternative]
+    route: Literal["act", "review"]
+    reasons: list[str]
+    model_version: str
+
+
 # ------------------------------------------------------------------------- resume_check
 
 
@@ -268,6 +297,18 @@ class RunLogEntry(Record):
     code_commit: str | None  # HEAD when the run finished; None outside a git repository
     code_dirty: bool | None  # whether the working tree differed from HEAD
     telemetry: dict[str, Any]
+
+
+class UpdateLine(Record):
+    """One line of runs/<m>/updates/<train key>.jsonl: an optimizer update as it happened. A run
+    killed and resumed repeats the updates after its last checkpoint: both are kept here (the
+    registry's metrics_raw); plots/<m>/train.tsv holds the one value per step that survived."""
+
+    attempt: AwareDatetime  # when the process that made this update started (UTC)
+    step: int
+    loss: float
+    lr: float
+    at: AwareDatetime  # UTC
 
 
 # ---------------------------------------------------------------------------- promote

@@ -1,6 +1,6 @@
 """`reprogate report --base REV [--head REV] --out DIR`: the pull-request report.
 
-Compares two revisions from their own files (report_data.py): the gate's verdicts and every
+Compares two revisions from their own files (revision.py): the gate's verdicts and every
 rule, the headline metrics with direction-aware deltas, paired tests on the same held-out items
 (bootstrap interval of the difference, McNemar), the intents that moved most, the stages that
 reran (from dvc.lock), the resume checks and the environment. DIR/report.json holds every
@@ -18,7 +18,7 @@ import numpy as np
 
 from reprogate import stats
 from reprogate.headline import EvalMetrics
-from reprogate.report_data import Revision, stage_changes
+from reprogate.revision import Revision, stage_changes
 
 HIGHER_IS_BETTER = {"accuracy": True, "macro_f1": True, "coverage": True}
 HIGHER_IS_BETTER |= {m: False for m in ("ece", "nll", "wrong_action_rate", "false_positive_action_rate")}

@@ -7,6 +7,9 @@ RunLogEntry line to logs/<stage>.jsonl instead (`stages.run` does, for every sta
 time and peak memory, and whatever else the stage measured): git-ignored, never a DVC output
 (DVC neither deletes nor caches it), read by people and by the run registry. A stage restored
 from DVC's cache did not run, and logs nothing.
+
+Training also keeps a raw log of its updates (UpdateLog): one line per optimizer update as it
+happened, a resumed run's repeated updates included, which the registry's metrics_raw reads.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from reprogate import git, jsonl
-from reprogate.records import RunLogEntry
+from reprogate.records import RunLogEntry, UpdateLine
 
 
 def peak_rss_gb() -> float:
@@ -73,3 +76,33 @@ def read(log: Path) -> tuple[list[RunLogEntry], list[int]]:
         except ValueError:
             bad.append(i)
     return entries, bad
+
+
+class UpdateLog:
+    """A trainer callback: one UpdateLine per optimizer update, appended to `path` by rank 0 and
+    flushed at once, so a killed run keeps every update it made (the next attempt repeats the
+    ones after its checkpoint, with its own `attempt` time). It reads the trainer's record of
+    the update and changes nothing, so it cannot move a resumed run off its bitwise path."""
+
+    def __init__(self, path: Path, rank: int):
+        self.path, self.rank = path, rank
+        self.attempt = datetime.now(UTC)
+        self._file = None
+
+    def on_update(self, trainer) -> None:
+        if self.rank != 0:
+            return
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
+        p = trainer.progress
+        line = UpdateLine(
+            attempt=self.attempt, step=p.global_step, loss=p.losses[-1], lr=p.lrs[-1], at=datetime.now(UTC)
+        )
+        self._file.write(jsonl.line(line.model_dump(mode="json"), sort_keys=True))
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

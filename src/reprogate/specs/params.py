@@ -23,3 +23,10 @@ class Params(Strict):
         description="folders outside the project that data specs may read (data kept on another "
         "disk); a spec's paths must resolve inside the project, the mirror, or one of these",
     )
+    registry: str = Field(
+        default="registry",
+        min_length=1,
+        description="where `reprogate registry sync` keeps its Delta Lake tables: a folder (relative "
+        "to the project; git-ignored by default) or any URI deltalake accepts (s3://, gs://, abfss://, "
+        "a Unity Catalog volume path)",
+    )

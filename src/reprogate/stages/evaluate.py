@@ -26,7 +26,7 @@ from reprogate.headline import EvalMetrics
 from reprogate.jsonl import read_jsonl
 from reprogate.model_folder import TRAIN_FILES, Scorer, model_version, read_calibration
 from reprogate.pipeline import Context, Result
-from reprogate.records import Evaluation, write
+from reprogate.records import Evaluation, PredictionLine, write
 from reprogate.specs import DataSpec, Pipeline, load_spec
 from reprogate.stats import bootstrap_ci, macro_f1, per_class
 
@@ -135,15 +135,15 @@ def _write_predictions(
             said = prediction(p, scorer.labels, policy, scorer.oos_index)
             # docs/design.md's name in prediction files is `predicted`, beside `gold`; a Prediction
             # object from predict or serve calls the same answer `intent`.
-            obj = {
-                "id": r["id"],
-                "text": r["text"],
-                "gold": r["label"],
-                "predicted": said.pop("intent"),
+            line = PredictionLine(
+                id=r["id"],
+                text=r["text"],
+                gold=r["label"],
+                predicted=said.pop("intent"),
                 **said,
-                "model_version": version,
-            }
-            f.write(jsonl.line(obj))
+                model_version=version,
+            )
+            f.write(jsonl.line(line.model_dump(mode="json")))
 
 
 def _labelled(head: dict, gold: np.ndarray, raw, cal, act, labels: list[str], n_labels: int):

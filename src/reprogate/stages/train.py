@@ -4,7 +4,9 @@ runs/<m>/checkpoints/  full-state checkpoints: the run's working state, not a DV
                        DVC never deletes them (a rerun resumes) nor caches or pushes them
 models/<m>/            weights (safetensors), config, labels, fingerprint: what predict loads
 metrics/<m>/train.json steps, epochs, final loss, validation accuracy (the same on every rerun)
-plots/<m>/train.tsv    step, loss, learning rate
+plots/<m>/train.tsv    step, loss, learning rate (one value per step: what the model kept)
+runs/<m>/updates/<k>.jsonl  every update as it happened, a resumed run's repeats included
+                       (k: the run's train key; read by the registry's metrics_raw)
 logs/train@<m>.jsonl   a line per run: wall time, examples/s, peak memory, device, projected vs
                        actual, resumed from (git-ignored telemetry, see runlog.py; written by
                        stages.run from this stage's Result)
@@ -22,8 +24,8 @@ from reprogate import checkpoint, distributed
 from reprogate.model_folder import TRAIN_FILES, export_trained
 from reprogate.pipeline import Context, Result
 from reprogate.plan import BudgetWatchdog, Plan, check_budget, measure
-from reprogate.records import Fingerprint, TrainRecord, write
-from reprogate.runlog import peak_rss_gb
+from reprogate.records import Fingerprint, TrainRecord, train_key, write
+from reprogate.runlog import UpdateLog, peak_rss_gb
 from reprogate.runtime import device_peak_gb, rank_and_world
 from reprogate.specs import Pipeline
 from reprogate.trainer import Trainer
@@ -93,8 +95,14 @@ def train(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[s
     saver = checkpoint.Checkpointer(paths.run / "checkpoints", every, keep, setup.fingerprint, rank)
     watchdog = BudgetWatchdog(setup.spec, paths.spec, paths.name, plan, setup.device, since, saver, log)
 
+    fingerprint = Fingerprint(**setup.fingerprint, total_steps=setup.total_steps)
+    key = train_key(fingerprint)
+    updates = UpdateLog(paths.run / "updates" / f"{key}.jsonl", rank)
     t_loop = time.perf_counter()
-    seen = trainer.fit(callbacks=(saver, watchdog))
+    try:
+        seen = trainer.fit(callbacks=(saver, watchdog, updates))
+    finally:
+        updates.close()
     loop_s = time.perf_counter() - t_loop
     saver.save(trainer)  # the final state, always: resume_check compares these
     if world > 1:
@@ -103,9 +111,8 @@ def train(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[s
             return {"rank": rank}
     val_acc = validation_accuracy(setup, trainer)
     wall_s = time.perf_counter() - started
-    fingerprint = Fingerprint(**setup.fingerprint, total_steps=setup.total_steps)
     export_trained(paths.model, setup.spec, trainer.model, setup.featurizer, setup.data.labels, fingerprint)
-    timing = {"seen": seen, "loop_s": loop_s, "wall_s": wall_s, "checkpoint_s": saver.seconds}
+    timing = {"seen": seen, "loop_s": loop_s, "wall_s": wall_s, "checkpoint_s": saver.seconds, "key": key}
     return _record(paths, setup, trainer, timing, val_acc, plan, resumed_from, env_changes)
 
 
@@ -132,6 +139,7 @@ def _record(paths: Paths, setup: Setup, trainer: Trainer, timing, val_acc, plan,
         "resumed_from_step": resumed,
         "environment_changes": changes,
         "projected": plan.as_dict() if plan else None,
+        "train_key": timing["key"],
     }
     write(paths.metrics / "train.json", record)
     paths.plots.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""What `reprogate report` reads of one revision: its records, lock file and prediction files.
+"""What one revision holds: its records, lock file and prediction files, read by `reprogate
+report` (two revisions compared) and `reprogate registry sync` (revisions imported).
 
 A revision is a git commit (or the working tree, rev None). Files git tracks (results/,
 metrics/, plots/, dvc.lock) are read with `git show`; DVC outputs (prediction files, model
@@ -28,6 +29,7 @@ from reprogate.records import Decision, Evaluation, Fingerprint, R, ResumeRecord
 class Revision:
     root: Path
     rev: str | None  # None: the working tree
+    who: str = "report"  # the command reading it, which its messages name
     missing: list[str] = field(default_factory=list)  # what could not be read, said in the report
 
     @cached_property
@@ -37,10 +39,17 @@ class Revision:
         proc = git.completed(self.root, "rev-parse", "--verify", "-q", f"{self.rev}^{{commit}}")
         if proc.returncode != 0:
             raise UserError(
-                f"report: '{self.rev}' is not a commit of {self.root} (git rev-parse found nothing); "
+                f"{self.who}: '{self.rev}' is not a commit of {self.root} (git rev-parse found nothing); "
                 "give a branch, tag or commit that exists here (`git fetch` a remote branch first)."
             )
         return proc.stdout.strip()
+
+    @cached_property
+    def committed_at(self) -> str | None:
+        """The commit's committer date (ISO 8601 with its offset); None for the working tree."""
+        if self.commit is None:
+            return None
+        return git.run(self.root, "show", "-s", "--format=%cI", self.commit)
 
     @property
     def label(self) -> str:
@@ -62,14 +71,19 @@ class Revision:
                 return p.read_text(encoding="utf-8")
             self.missing.append(f"{path} (not in the working tree: run `dvc repro` or `dvc pull`)")
             return None
-        import dvc.api
-
         try:
-            with dvc.api.open(str(path), repo=str(self.root), rev=self.commit, encoding="utf-8") as f:
-                return f.read()
+            return self._dvc_fs.read_text(Path(path).as_posix(), encoding="utf-8")
         except Exception as e:  # noqa: BLE001 - DVC raises many kinds; each means "not here"
             self.missing.append(f"{path} ({type(e).__name__}: not in the DVC cache or remote)")
             return None
+
+    @cached_property
+    def _dvc_fs(self):
+        """This revision's files as DVC sees them: opened once (about a second), then each
+        output is read from the cache (or the remote) in milliseconds."""
+        from dvc.api import DVCFileSystem
+
+        return DVCFileSystem(str(self.root), rev=self.commit)
 
     def record(self, shape: type[R], *candidates: Path) -> R | None:
         """The first of `candidates` this revision has, validated as `shape`: a damaged one is
@@ -79,7 +93,7 @@ class Revision:
             if raw is None:
                 continue
             fix = "it is not the record reprogate writes. Compare revisions whose records `make repro` wrote."
-            return validated(raw, shape, f"report: {path} at {self.label}", fix)
+            return validated(raw, shape, f"{self.who}: {path} at {self.label}", fix)
         return None
 
     @cached_property
