@@ -18,9 +18,12 @@ import duckdb
 import numpy as np
 import pytest
 from deltalake import DeltaTable
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.stats import binomtest
 
 from reprogate.registry_tables import TABLES
-from reprogate.stats import mcnemar
+from reprogate.stats import binomial_half_p, mcnemar
 from tests.conftest import BIN, copy_home, git_cmd, run_cli
 
 MODELS = ("tiny", "tiny2", "duo")
@@ -252,3 +255,14 @@ def test_an_unwritable_registry_is_one_paragraph_and_no_table(synced, tmp_path):
     assert "cannot write to" in said.stderr and "registry:" in said.stderr
     assert len(said.stderr.strip().splitlines()) == 1
     assert run_cli("registry", "sql", "SELECT * FROM runs", cwd=root).returncode == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2000).flatmap(lambda n: st.tuples(st.integers(0, n), st.just(n))))
+def test_the_exact_mcnemar_p_is_scipys_binomial_test(kn):
+    k, n = kn
+    expected = binomtest(k, n, 0.5).pvalue if n else 1.0
+    if expected < 1e-250:  # scipy's floats give out there (it says 0.0); integers do not
+        assert 0 <= binomial_half_p(k, n) < 1e-250
+    else:
+        assert binomial_half_p(k, n) == pytest.approx(expected, rel=1e-9)

@@ -136,15 +136,11 @@ def _write(store, runs: dict, gate: list, promotions: list, stage_runs: list) ->
     for name in TABLES:
         store.ensure(name)
     run_rows = _new(store, "runs", [b.run for b in runs.values()], dated=True)
-    held = {r["run_key"] for r in store.read("runs", ["run_key"]).to_pylist()}
-    fresh = [b for k, b in runs.items() if k not in held]
-    # A run's update log can grow after it was imported (trained again from scratch, or resumed,
-    # to the same result): its new lines are imported; the MERGE skips the seqs held already.
-    logged = Counter(store.read("metrics_raw", ["run_key"]).column("run_key").to_pylist())
-    grown = [b for k, b in runs.items() if k in held and b.rows["metrics_raw"].num_rows > logged[k]]
     inserted = {}
     for name in RUN_TABLES:
-        parts = [b.rows[name] for b in fresh + grown * (name == "metrics_raw") if b.rows[name].num_rows]
+        # A held run brings only raw updates its log gained since (trained again, or resumed, to
+        # the same result); the MERGE skips the seqs the table has.
+        parts = [b.rows[name] for b in runs.values() if name in b.rows and b.rows[name].num_rows]
         inserted[name] = store.merge(name, pa.concat_tables(parts)) if parts else 0
     for name, rows, dated in (("gate_decisions", gate, True), ("promotions", promotions, False),
                               ("stage_runs", stage_runs, False)):  # fmt: skip
@@ -157,6 +153,13 @@ def _write(store, runs: dict, gate: list, promotions: list, stage_runs: list) ->
     return inserted
 
 
+def _held(store) -> dict[str, int]:
+    """Run key -> raw metric rows, of every run the registry lists."""
+    listed = store.read("runs", ["run_key"]).column("run_key").to_pylist()
+    logged = Counter(store.read("metrics_raw", ["run_key"]).column("run_key").to_pylist())
+    return {k: logged[k] for k in listed}
+
+
 def sync(root: Path, revs: list[str], all_commits: bool = False, log=print) -> str:
     from tqdm import tqdm
 
@@ -167,10 +170,10 @@ def sync(root: Path, revs: list[str], all_commits: bool = False, log=print) -> s
     store = Store.at(root, load_params(root).registry)
     store.check_writable()
     sources = _sources(root, revs, all_commits)
-    synced_at, seen, runs, gate = datetime.now(UTC), set(), {}, {}
+    synced_at, seen, runs, gate, held = datetime.now(UTC), set(), {}, {}, _held(store)
     problems, notes, same = [], [], 0
     for rev in tqdm(sources, desc="registry: read", unit="revision", disable=len(sources) < 3):
-        got = collect(rev, *_stamp(root, rev), synced_at, seen)
+        got = collect(rev, (*_stamp(root, rev), synced_at), seen, held)
         for b in got.runs:
             old = runs.get(b.run["run_key"])
             runs[b.run["run_key"]] = b if old is None or _older(b.run, old.run) else old

@@ -51,7 +51,8 @@ _PREDICTION_SCHEMA = arrow_schema(PredictionLine)
 @dataclass
 class RunBundle:
     run: dict[str, Any]  # a RunRow's fields
-    rows: dict[str, pa.Table]  # registry_tables.RUN_TABLES -> this run's rows
+    rows: dict[str, pa.Table]  # registry_tables.RUN_TABLES -> this run's rows to import
+    held: bool = False  # the registry has this run already: rows holds only new raw updates
 
 
 @dataclass
@@ -64,10 +65,16 @@ class Collected:
 
 
 def collect(
-    rev: Revision, commit: str | None, committed_at: datetime | None, synced_at: datetime, seen: set[str]
+    rev: Revision,
+    stamp: tuple[str | None, datetime | None, datetime],
+    seen: set[str],
+    held: dict[str, int],
 ) -> Collected:
-    """`seen`: the signatures of runs already read in this sync (oldest commit first); a run
-    with one of them is the same run again, and its DVC outputs are not read twice."""
+    """`stamp`: (commit, committed_at, synced_at) for the rows. `seen`: the signatures of runs
+    already read in this sync (oldest commit first); a run with one of them is the same run
+    again, and its DVC outputs are not read twice. `held`: run key -> raw metric rows of the
+    runs the registry has; their predictions and metrics are not read again."""
+    commit, committed_at, synced_at = stamp
     out = Collected()
     stamp = {"commit": commit, "committed_at": committed_at, "synced_at": synced_at}
     for model in _models(rev, out):
@@ -77,7 +84,7 @@ def collect(
             out.same += 1
             continue
         try:
-            bundle = _run(rev, model, stamp)
+            bundle = _run(rev, model, stamp, held)
         except UserError as e:
             out.problems.append(f"{e} Nothing of run {model} at {rev.label} was imported.")
             continue
@@ -136,7 +143,7 @@ def _json(rev: Revision, path: Path, shape, dvc_output: bool = False):
     return None if raw is None else validated(raw, shape, f"registry: {path} at {rev.label}", FIX)
 
 
-def _run(rev: Revision, model: str, stamp: dict[str, Any]) -> RunBundle | None:
+def _run(rev: Revision, model: str, stamp: dict[str, Any], held: dict[str, int]) -> RunBundle | None:
     evaluation = rev.evaluation(model)
     if evaluation is None:
         return None
@@ -150,6 +157,8 @@ def _run(rev: Revision, model: str, stamp: dict[str, Any]) -> RunBundle | None:
     run = _run_row(model, evaluation, fp, config, record, stamp)
     run["resume_passed"] = getattr(rev.resume(model), "passed", None)
     key = run["run_key"]
+    if key in held:
+        return RunBundle(run, _grown(rev, model, run["train_key"], key, held[key]) if trained else {}, True)
     predictions = []
     for name in evaluation.sets:
         text = rev.output(paths.predictions_dir(model) / f"{name}.jsonl")
@@ -164,6 +173,14 @@ def _run(rev: Revision, model: str, stamp: dict[str, Any]) -> RunBundle | None:
         "metrics_raw": _table("metrics_raw", _raw(rev, model, run["train_key"], key) if trained else []),
     }
     return RunBundle(run, rows)
+
+
+def _grown(rev: Revision, model: str, train: str | None, run_key: str, rows_held: int) -> dict:
+    """A held run's raw updates, when its log has more lines than the registry has rows."""
+    path = rev.root / paths.run_dir(model) / "updates" / f"{train}.jsonl"
+    if rev.rev is not None or not path.is_file() or 2 * path.read_bytes().count(b"\n") <= rows_held:
+        return {}
+    return {"metrics_raw": _table("metrics_raw", _raw(rev, model, train, run_key))}
 
 
 def _run_row(model, evaluation: Evaluation, fp: Fingerprint, config: ModelConfig, record, stamp) -> dict:

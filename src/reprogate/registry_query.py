@@ -15,7 +15,7 @@ import duckdb
 import numpy as np
 
 from reprogate.errors import UserError
-from reprogate.registry_store import Store
+from reprogate.registry_store import Store, is_local
 from reprogate.registry_tables import TABLES
 from reprogate.stats import mcnemar
 
@@ -63,16 +63,25 @@ class Registry:
         self._loaded: set[str] = set()
 
     def _load(self, query: str) -> None:
-        """Register the tables `query` names, each read whole into Arrow once. Not the lazy
-        dataset: delta-rs writes its strings as string_view, and the filters DuckDB pushes into
-        a dataset scan then meet a column type pyarrow has no comparison for."""
+        """Make a view of each table `query` names. A local table is DuckDB's own Parquet scan of
+        the files its current Delta version lists (lazy, with filters pushed into the scan); a
+        table in object storage is read into Arrow through deltalake (DuckDB's readers for
+        s3:// and the like are extensions it would download). Not deltalake's lazy dataset: it
+        writes strings as string_view, and pyarrow cannot filter those."""
         for name, t in TABLES.items():
             if name in self._loaded or not re.search(rf"\b{name}\b", query):
                 continue
             table = self.store.table(name)  # a registry never synced reads as empty tables
-            self.con.register(
-                name, table.to_pyarrow_dataset().to_table() if table else t.schema.empty_table()
-            )
+            files = table.file_uris() if table else []
+            if files and is_local(self.store.uri):
+                listed = ", ".join("'" + f.removeprefix("file://").replace("'", "''") + "'" for f in files)
+                self.con.execute(
+                    f"CREATE VIEW {name} AS SELECT * FROM read_parquet([{listed}], union_by_name = true)"
+                )
+            else:
+                self.con.register(
+                    name, table.to_pyarrow_dataset().to_table() if files else t.schema.empty_table()
+                )
             self._loaded.add(name)
 
     def sql(self, query: str, params: list | None = None) -> Result:
