@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,6 +28,7 @@ from reprogate import git, paths
 from reprogate.errors import UserError
 
 # Git-tracked files whose change means the working tree's records are not HEAD's.
+NOTES = 10  # notes printed (runs left out, and why) unless --verbose
 RECORD_PATHS = ("dvc.lock", "results", "metrics", "plots", "params.yaml", "specs")
 
 
@@ -36,7 +38,9 @@ def _sources(root: Path, revs: list[str], all_commits: bool) -> list:
 
     if all_commits:
         revs = (
-            git.run(root, "rev-list", "--all", "--topo-order", "--reverse").split() if git.head(root) else []
+            git.run(root, "rev-list", "--all", "--abbrev-commit", "--topo-order", "--reverse").split()
+            if git.head(root)
+            else []
         )
     commits: dict[str, Revision] = {}
     for r in revs:
@@ -67,6 +71,17 @@ def _older(new: dict[str, Any], old: dict[str, Any]) -> bool:
     if new["commit"] is None:
         return False
     return old["commit"] is None or new["committed_at"] < old["committed_at"]
+
+
+def _same_run(old, new):
+    """One bundle for a run found at several revisions: the oldest commit's stamp, and the rows
+    of the one with the raw update log (only the working tree has it)."""
+    if old is None:
+        return new
+    raw = [len(b.rows["metrics_raw"]) if "metrics_raw" in b.rows else -1 for b in (old, new)]
+    keep = new if raw[1] > raw[0] else old
+    keep.run = new.run if _older(new.run, old.run) else old.run
+    return keep
 
 
 def _promotions(root: Path) -> list[dict[str, Any]]:
@@ -160,7 +175,11 @@ def _held(store) -> dict[str, int]:
     return {k: logged[k] for k in listed}
 
 
-def sync(root: Path, revs: list[str], all_commits: bool = False, log=print) -> str:
+def _note(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def sync(root: Path, revs: list[str], all_commits: bool = False, verbose: bool = False, log=_note) -> str:
     from tqdm import tqdm
 
     from reprogate.registry_collect import collect
@@ -175,8 +194,7 @@ def sync(root: Path, revs: list[str], all_commits: bool = False, log=print) -> s
     for rev in tqdm(sources, desc="registry: read", unit="revision", disable=len(sources) < 3):
         got = collect(rev, (*_stamp(root, rev), synced_at), seen, held)
         for b in got.runs:
-            old = runs.get(b.run["run_key"])
-            runs[b.run["run_key"]] = b if old is None or _older(b.run, old.run) else old
+            runs[b.run["run_key"]] = _same_run(runs.get(b.run["run_key"]), b)
         for row in got.gate:
             k = (row["gate_key"], row["candidate"], row["rule"])
             gate[k] = row if k not in gate or _older(row, gate[k]) else gate[k]
@@ -185,8 +203,10 @@ def sync(root: Path, revs: list[str], all_commits: bool = False, log=print) -> s
         same += got.same
     before = store.versions()
     n = _write(store, runs, list(gate.values()), _promotions(root), _stage_runs(root, notes))
-    for note in notes:
+    for note in notes if verbose else notes[:NOTES]:
         log(f"registry: note: {note}")
+    if len(notes) > NOTES and not verbose:
+        log(f"registry: note: ... and {len(notes) - NOTES} more like these (--verbose lists them all)")
     committed = sum(1 for k, v in store.versions().items() if v != before[k])
     where = f"{len(sources) - 1} commit(s) and the working tree" if len(sources) > 1 else "the working tree"
     added = ", ".join(f"{k} +{v}" for k, v in n.items() if v and k != "runs_redated")
@@ -205,7 +225,7 @@ def sync(root: Path, revs: list[str], all_commits: bool = False, log=print) -> s
 def command(root: Path, args: argparse.Namespace) -> str:
     """What `reprogate registry ACTION ...` prints."""
     if args.action == "sync":
-        return sync(root, args.rev, args.all_commits) + "\n"
+        return sync(root, args.rev, args.all_commits, args.verbose) + "\n"
     from reprogate.registry_query import Registry
     from reprogate.registry_store import Store
     from reprogate.specs import load_params
@@ -237,6 +257,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     sy.add_argument("--rev", nargs="+", default=[], metavar="REV", help="also these commits (branches, tags)")
     sy.add_argument("--all-commits", action="store_true", help="also every commit of every branch")
+    sy.add_argument("--verbose", action="store_true", help=f"every note, not the first {NOTES}")
     q = actions.add_parser("sql", help='any query, e.g. "SELECT model, count(*) FROM runs GROUP BY model"')
     q.add_argument("query")
     c = actions.add_parser("compare", help="paired predictions of two runs: improved, regressed, McNemar's p")

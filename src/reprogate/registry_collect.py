@@ -83,6 +83,8 @@ def collect(
         if mark is not None and mark in seen:
             out.same += 1
             continue
+        if mark is not None:
+            seen.add(mark)  # imported, damaged or incomplete: the same again at a later commit
         try:
             bundle = _run(rev, model, stamp, held)
         except UserError as e:
@@ -93,8 +95,6 @@ def collect(
             out.notes.append(f"{model} at {rev.label}: left out ({why})")
         else:
             out.runs.append(bundle)
-            if mark is not None:
-                seen.add(mark)
     try:
         out.gate = _gate(rev, {b.run["model"]: b.run["run_key"] for b in out.runs}, stamp)
     except UserError as e:
@@ -131,7 +131,7 @@ def signature(rev: Revision, model: str) -> str | None:
     return content_key(
         {
             "model": model,
-            "records": [rev.text(p) for p in records],
+            "records": [rev.blobs.get(p.as_posix()) for p in records],
             "outs": [outs.get(f"{folder}/{f}") for f in ("fingerprint.json", "config.json")]
             + [outs.get(preds)],
         }

@@ -53,7 +53,9 @@ class Revision:
 
     @property
     def label(self) -> str:
-        return "working tree" if self.rev is None else f"{self.rev} ({self.commit[:7]})"
+        if self.rev is None:
+            return "working tree"
+        return self.commit[:7] if self.commit.startswith(self.rev) else f"{self.rev} ({self.commit[:7]})"
 
     def text(self, path: Path | str) -> str | None:
         """A git-tracked file as this revision holds it; None when it has none."""
@@ -134,7 +136,20 @@ class Revision:
     def lock(self) -> dict[str, Any]:
         """Stage -> its dvc.lock entry (deps, params, outs with their hashes)."""
         raw = self.text(paths.DVC_YAML.with_suffix(".lock"))
-        return (yaml.safe_load(raw) or {}).get("stages", {}) if raw else {}
+        # libyaml's loader when PyYAML has it: a lock file is read per commit of a registry sync.
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        return (yaml.load(raw, Loader=loader) or {}).get("stages", {}) if raw else {}
+
+    @cached_property
+    def blobs(self) -> dict[str, str]:
+        """Path -> git blob id of every file this commit tracks under results/, metrics/ and
+        plots/: what its records are, from one `git ls-tree` instead of a `git show` each."""
+        listed = git.run(self.root, "ls-tree", "-r", self.commit, "--", "results", "metrics", "plots")
+        out = {}
+        for line in filter(None, listed.splitlines()):
+            meta, path = line.split("\t", 1)
+            out[path] = meta.split()[2]
+        return out
 
     def file_sha256(self, path: str) -> str | None:
         raw = self.text(path)
