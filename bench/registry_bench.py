@@ -8,9 +8,9 @@ eval.json, a 3,000-line prediction file, a 500-update raw log), predictions draw
 seeded generator so every pair of runs differs on some items. Then, each as the user types it
 (`reprogate registry ...`, a new process, imports included): the first sync, a second sync (a
 no-op: no table version may change), `compare` of two runs, and `check` (rows and
-duplicate-key groups of every table). Table sizes on disk and file counts are reported before
-and after `registry optimize`. Targets (issue 19): first sync <= 20 s, no-op <= 5 s, compare
-< 1 s on 2 CPU cores.
+duplicate-key groups of every table). Table sizes on disk and file counts are reported for the
+same runs arriving in ten syncs, before and after `registry optimize`. Targets (issue 19): first
+sync <= 20 s, no-op <= 5 s, compare < 1 s on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -116,11 +116,33 @@ def _timed(root: Path, *args: str) -> tuple[float, str]:
 
 
 def _sizes(registry: Path) -> dict[str, dict[str, int]]:
+    """Per table: the files its current version reads (and their bytes), and all Parquet bytes
+    on disk (files older versions read stay until VACUUM's retention has passed)."""
+    from deltalake import DeltaTable
+
     out = {}
     for table in sorted(p for p in registry.iterdir() if p.is_dir()):
-        files = [f for f in table.rglob("*.parquet")]
-        out[table.name] = {"files": len(files), "bytes": sum(f.stat().st_size for f in files)}
+        live = [Path(f.removeprefix("file://")) for f in DeltaTable(str(table)).file_uris()]
+        out[table.name] = {
+            "live_files": len(live),
+            "live_bytes": sum(f.stat().st_size for f in live),
+            "disk_bytes": sum(f.stat().st_size for f in table.rglob("*.parquet")),
+        }
     return out
+
+
+def _incremental(root: Path, names: list[str], batches: int = 10) -> tuple[dict, dict]:
+    """The same runs arriving in `batches` syncs (a registry's life: one per pull request),
+    so every table gains a file per sync; its size before and after `registry optimize`."""
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    step = len(names) // batches
+    for i in range(1, batches + 1):
+        models = names[: i * step] if i < batches else names
+        (root / "params.yaml").write_text(yaml.safe_dump(dict(params, models=models, registry="incremental")))
+        _timed(root, "registry", "sync")
+    before = _sizes(root / "incremental")
+    _timed(root, "registry", "optimize")
+    return before, _sizes(root / "incremental")
 
 
 def main() -> None:
@@ -145,9 +167,7 @@ def main() -> None:
         )
         compare, said = _timed(root, "registry", "compare", keys[0]["run_key"][:12], keys[1]["run_key"][:12])
         print(said.strip())
-        before = _sizes(root / "registry")
-        _timed(root, "registry", "optimize")
-        after = _sizes(root / "registry")
+        before, after = _incremental(root, names)
     result = {
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "commit": subprocess.run(
@@ -162,7 +182,7 @@ def main() -> None:
         "tables": {
             r["table"]: {"rows": r["rows"], "duplicate_key_groups": r["duplicate_key_groups"]} for r in check
         },
-        "disk_before_optimize": before,
+        "disk_after_10_syncs": before,
         "disk_after_optimize": after,
     }
     print(json.dumps(result, indent=2))
