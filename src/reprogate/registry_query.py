@@ -137,7 +137,7 @@ class Registry:
         for name, ra, rb in per_set:
             t = mcnemar(np.array(ra, dtype=bool), np.array(rb, dtype=bool))
             unchanged = t["both_right"] + t["both_wrong"]
-            rows.append((name, t["items"], t["fixed"], t["broken"], unchanged, round(t["p_value"], 6)))
+            rows.append((name, t["items"], t["fixed"], t["broken"], unchanged, t["p_value"]))
         if not rows:
             raise UserError(
                 f"registry compare: runs {ka[:12]} and {kb[:12]} share no labelled item (their "
