@@ -46,7 +46,7 @@ test: venv
 	ruff check src tests bench tools
 	reprogate validate specs/
 	reprogate compile --check
-	python -m pytest -n $(TEST_WORKERS) --dist loadfile
+	python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: venv
 	ruff check src tests bench tools

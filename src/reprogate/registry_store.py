@@ -84,11 +84,11 @@ class Store:
         if table is None:
             try:
                 DeltaTable.create(self.path(name), schema=schema, mode="ignore", name=name)
-            except CommitFailedError:
-                pass  # created by a concurrent sync
             except (DeltaError, OSError) as e:
-                raise self._unreachable(e) from None
-            table = DeltaTable(self.path(name))
+                table = self.table(name)  # created by a concurrent sync: use it
+                if table is None:
+                    raise self._unreachable(e) from None
+            table = self.table(name) or DeltaTable(self.path(name))
         found = pa.schema(table.schema().to_arrow())
         if not found.equals(schema):
             raise UserError(
