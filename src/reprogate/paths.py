@@ -56,6 +56,11 @@ def metrics_dir(name: str) -> Path:
     return METRICS / name
 
 
+def update_log(run: Path, train_key: str) -> Path:
+    """<run folder>/updates/<train key>.jsonl: every update of one training, as it happened."""
+    return run / "updates" / f"{train_key}.jsonl"
+
+
 def results_dir(name: str) -> Path:
     return RESULTS / name
 

@@ -14,7 +14,7 @@ KeyError three modules away. Extra fields are kept: a newer writer's record stil
 |                               | CombineRecord     | combine           | dvc metrics, report          |
 | models/<m>/calibration.json   | CalibrationRecord | calibrate         | calibration, promote         |
 | results/<m>/eval.json         | Evaluation        | evaluate          | gate, promote, report        |
-| predictions/<m>/<set>.jsonl   | PredictionLine    | evaluate          | report, the registry         |
+| predictions/<m>/<set>.jsonl   | PredictionLine    | evaluate          | the registry (report: 4 keys)|
 | results/<m>/resume.json       | ResumeRecord      | resume_check      | gate, report                 |
 | results/gate.json             | Decision          | gate              | promote, report              |
 | models/production.json        | ProductionRecord  | promote           | gate, production (serving)   |
@@ -130,10 +130,15 @@ class Fingerprint(Record):
     members: dict[str, Any] | None = None  # member -> sha256 of its weights and calibration
 
 
+def record_key(record: Record) -> str:
+    """The content key of a record as its file holds it (the fields its writer set)."""
+    return content_key(record.model_dump(mode="json", exclude_unset=True))
+
+
 def train_key(fingerprint: Fingerprint) -> str:
     """What a training run is, as a key: its fingerprint (spec, data, code, environment, steps).
     Its raw update log is named by it, and the registry joins a run to that log by it."""
-    return content_key(fingerprint.model_dump(mode="json", exclude_unset=True))
+    return record_key(fingerprint)
 
 
 class TrainRecord(Record):

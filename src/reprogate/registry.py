@@ -27,8 +27,8 @@ from typing import Any
 from reprogate import git, paths
 from reprogate.errors import UserError
 
-# Git-tracked files whose change means the working tree's records are not HEAD's.
 NOTES = 10  # notes printed (runs left out, and why) unless --verbose
+# Git-tracked files whose change means the working tree's records are not HEAD's.
 RECORD_PATHS = ("dvc.lock", "results", "metrics", "plots", "params.yaml", "specs")
 
 
@@ -52,18 +52,18 @@ def _sources(root: Path, revs: list[str], all_commits: bool) -> list:
     return [*ordered, Revision(root, None, who="registry")]
 
 
-def _stamp(root: Path, rev) -> tuple[str | None, datetime | None]:
+def _stamp(root: Path, rev) -> dict[str, Any]:
     """The commit a revision's records are at: its own, or for the working tree HEAD when none
     of the record files differ from it (None otherwise: records no commit holds yet)."""
-    if rev.rev is not None:
-        return rev.commit, datetime.fromisoformat(rev.committed_at)
-    if git.git_dir(root) is None or not git.head(root):
-        return None, None
-    changed = git.run(root, "--no-optional-locks", "status", "--porcelain", "--", *RECORD_PATHS, check=False)
-    if changed:
-        return None, None
-    head = git.head(root)
-    return head, datetime.fromisoformat(git.run(root, "show", "-s", "--format=%cI", head))
+    from reprogate.revision import Revision
+
+    if rev.rev is None:
+        head = git.head(root) if git.git_dir(root) is not None else None
+        changed = head and git.run(
+            root, "--no-optional-locks", "status", "--porcelain", "--", *RECORD_PATHS, check=False
+        )
+        rev = Revision(root, head, who=rev.who) if head and not changed else rev
+    return {"commit": rev.commit, "committed_at": rev.committed_at}
 
 
 def _older(new: dict[str, Any], old: dict[str, Any]) -> bool:
@@ -192,7 +192,7 @@ def sync(root: Path, revs: list[str], all_commits: bool = False, verbose: bool =
     synced_at, seen, runs, gate, held = datetime.now(UTC), set(), {}, {}, _held(store)
     problems, notes, same = [], [], 0
     for rev in tqdm(sources, desc="registry: read", unit="revision", disable=len(sources) < 3):
-        got = collect(rev, (*_stamp(root, rev), synced_at), seen, held)
+        got = collect(rev, {**_stamp(root, rev), "synced_at": synced_at}, seen, held)
         for b in got.runs:
             runs[b.run["run_key"]] = _same_run(runs.get(b.run["run_key"]), b)
         for row in got.gate:

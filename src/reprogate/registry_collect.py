@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ from reprogate.records import (
     PredictionLine,
     TrainRecord,
     UpdateLine,
-    dumps,
+    record_key,
     train_key,
     validated,
 )
@@ -46,6 +45,7 @@ FIX = (
     "restore it from git."
 )
 _PREDICTION_SCHEMA = arrow_schema(PredictionLine)
+RAW_NAMES = ("loss", "lr")  # the metrics_raw rows of one logged update
 
 
 @dataclass
@@ -64,19 +64,12 @@ class Collected:
     same: int = 0  # runs whose records an earlier revision of this sync already held
 
 
-def collect(
-    rev: Revision,
-    stamp: tuple[str | None, datetime | None, datetime],
-    seen: set[str],
-    held: dict[str, int],
-) -> Collected:
-    """`stamp`: (commit, committed_at, synced_at) for the rows. `seen`: the signatures of runs
+def collect(rev: Revision, stamp: dict[str, Any], seen: set[str], held: dict[str, int]) -> Collected:
+    """`stamp`: the rows' commit, committed_at and synced_at. `seen`: the signatures of runs
     already read in this sync (oldest commit first); a run with one of them is the same run
     again, and its DVC outputs are not read twice. `held`: run key -> raw metric rows of the
     runs the registry has; their predictions and metrics are not read again."""
-    commit, committed_at, synced_at = stamp
     out = Collected()
-    stamp = {"commit": commit, "committed_at": committed_at, "synced_at": synced_at}
     for model in _models(rev, out):
         rev.missing.clear()
         mark = signature(rev, model)
@@ -176,9 +169,10 @@ def _run(rev: Revision, model: str, stamp: dict[str, Any], held: dict[str, int])
 
 
 def _grown(rev: Revision, model: str, train: str | None, run_key: str, rows_held: int) -> dict:
-    """A held run's raw updates, when its log has more lines than the registry has rows."""
-    path = rev.root / paths.run_dir(model) / "updates" / f"{train}.jsonl"
-    if rev.rev is not None or not path.is_file() or 2 * path.read_bytes().count(b"\n") <= rows_held:
+    """A held run's raw updates, when its log has more lines than the registry has rows (counted,
+    not parsed: a no-op sync reads every held run's log)."""
+    path = _update_log(rev, model, train)
+    if path is None or len(RAW_NAMES) * path.read_bytes().count(b"\n") <= rows_held:
         return {}
     return {"metrics_raw": _table("metrics_raw", _raw(rev, model, train, run_key))}
 
@@ -193,7 +187,7 @@ def _run_row(model, evaluation: Evaluation, fp: Fingerprint, config: ModelConfig
         "code_hash": fp.code_hash,
         "seed": spec.get("seed"),
         "executor": str(spec.get("executor", "local")),
-        "evaluation_sha256": content_key(json.loads(dumps(evaluation))),
+        "evaluation_sha256": record_key(evaluation),
     }
     return {
         "run_key": content_key(identity),
@@ -312,11 +306,20 @@ def _curve(rev: Revision, model: str, run_key: str) -> list[dict[str, Any]]:
     return rows
 
 
+def _update_log(rev: Revision, model: str, train: str | None) -> Path | None:
+    """runs/<m>/updates/<train key>.jsonl, when there is one: the working tree only (runs/ is
+    neither in git nor in DVC)."""
+    if rev.rev is not None or train is None:
+        return None
+    path = rev.root / paths.update_log(paths.run_dir(model), train)
+    return path if path.is_file() else None
+
+
 def _raw(rev: Revision, model: str, key: str | None, run_key: str) -> list[dict[str, Any]]:
-    """runs/<m>/updates/<train key>.jsonl, every update as logged (working tree only: runs/ is
-    neither in git nor in DVC). A last line without its newline is a write a kill cut short."""
-    path = rev.root / paths.run_dir(model) / "updates" / f"{key}.jsonl"
-    if rev.rev is not None or key is None or not path.is_file():
+    """Every update of the run's log as logged, a row per name in RAW_NAMES. A last line
+    without its newline is a write a kill cut short."""
+    path = _update_log(rev, model, key)
+    if path is None:
         return []
     data = path.read_text(encoding="utf-8")
     lines = data.split("\n")
@@ -327,9 +330,9 @@ def _raw(rev: Revision, model: str, key: str | None, run_key: str) -> list[dict[
         if not line:
             continue
         u = validated(line, UpdateLine, f"registry: {path}:{number}", FIX)
-        for name, value in (("loss", u.loss), ("lr", u.lr)):
+        for name in RAW_NAMES:
             rows.append(
-                {"run_key": run_key, "seq": seq, "step": u.step, "name": name, "value": value,
+                {"run_key": run_key, "seq": seq, "step": u.step, "name": name, "value": getattr(u, name),
                  "attempt": u.attempt, "logged_at": u.at}
             )  # fmt: skip
             seq += 1
@@ -340,7 +343,7 @@ def _gate(rev: Revision, run_keys: dict[str, str], stamp: dict[str, Any]) -> lis
     decision: Decision | None = rev.gate
     if decision is None:
         return []
-    gate_key = content_key(json.loads(dumps(decision)))
+    gate_key = record_key(decision)
     rows = []
     for name, c in sorted(decision.candidates.items()):
         rules = c.rules or []

@@ -85,10 +85,9 @@ class Store:
             try:
                 DeltaTable.create(self.path(name), schema=schema, mode="ignore", name=name)
             except (DeltaError, OSError) as e:
-                table = self.table(name)  # created by a concurrent sync: use it
-                if table is None:
+                if self.table(name) is None:  # not created by a concurrent sync either
                     raise self._unreachable(e) from None
-            table = self.table(name) or DeltaTable(self.path(name))
+            table = DeltaTable(self.path(name))
         found = pa.schema(table.schema().to_arrow())
         if not found.equals(schema):
             raise UserError(

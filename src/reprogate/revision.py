@@ -3,7 +3,8 @@ report` (two revisions compared) and `reprogate registry sync` (revisions import
 
 A revision is a git commit (or the working tree, rev None). Files git tracks (results/,
 metrics/, plots/, dvc.lock) are read with `git show`; DVC outputs (prediction files, model
-fingerprints) through `dvc.api.open`, which finds them in the local cache or the remote. Every
+fingerprints) through one DVCFileSystem per revision, which finds them in the local cache or
+the remote. Every
 record is validated by the same model its writer used. A revision made before results/ existed
 kept the complete records under metrics/: those are read from there, so a report can compare
 with a base from before this layout.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -45,11 +47,11 @@ class Revision:
         return proc.stdout.strip()
 
     @cached_property
-    def committed_at(self) -> str | None:
-        """The commit's committer date (ISO 8601 with its offset); None for the working tree."""
+    def committed_at(self) -> datetime | None:
+        """The commit's committer date (with its offset); None for the working tree."""
         if self.commit is None:
             return None
-        return git.run(self.root, "show", "-s", "--format=%cI", self.commit)
+        return datetime.fromisoformat(git.run(self.root, "show", "-s", "--format=%cI", self.commit))
 
     @property
     def label(self) -> str:

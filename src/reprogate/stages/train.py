@@ -22,6 +22,7 @@ from typing import Any
 
 from reprogate import checkpoint, distributed
 from reprogate.model_folder import TRAIN_FILES, export_trained
+from reprogate.paths import update_log
 from reprogate.pipeline import Context, Result
 from reprogate.plan import BudgetWatchdog, Plan, check_budget, measure
 from reprogate.records import Fingerprint, TrainRecord, train_key, write
@@ -97,7 +98,7 @@ def train(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[s
 
     fingerprint = Fingerprint(**setup.fingerprint, total_steps=setup.total_steps)
     key = train_key(fingerprint)
-    updates = UpdateLog(paths.run / "updates" / f"{key}.jsonl", rank)
+    updates = UpdateLog(update_log(paths.run, key), rank)
     t_loop = time.perf_counter()
     try:
         seen = trainer.fit(callbacks=(saver, watchdog, updates))
