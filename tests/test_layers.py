@@ -18,7 +18,7 @@ LAYERS = {
     ],
     "specs": ["specs", "records", "headline", "runlog", "registry_tables"],
     "core": [
-        "runtime", "models", "data", "fetch", "checkpoint", "distributed", "trainer", "plan",
+        "runtime", "models", "data", "tables", "fetch", "checkpoint", "distributed", "trainer", "plan",
         "training", "model_folder",
     ],
     "domain": ["calibration", "production", "pipeline"],

@@ -223,7 +223,7 @@ def test_scoring_a_split_the_prepared_data_lacks_names_the_stage_to_rerun(tmp_pa
     run_cli("stage", "calibrate", "tiny", cwd=root, check=True)
     data = root / "specs" / "data" / "home.yaml"
     table = "{origin: home, file: real.csv, text_field: utterance, label_field: intent}"
-    extra = f"  heard:\n    kind: labelled\n    use: evaluate\n    table: {table}\n"
+    extra = f"  heard:\n    kind: real_utterance\n    use: evaluate\n    table: {table}\n"
     data.write_text(data.read_text().replace("eval_sets:\n", "eval_sets:\n" + extra))  # not prepared
     said = run_cli("stage", "evaluate", "tiny", cwd=root)
     assert said.returncode == 2 and "Traceback" not in said.stderr

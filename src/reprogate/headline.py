@@ -17,7 +17,15 @@ metrics/<m>/train.json is its own record (TrainRecord, CombineRecord): it is hea
 
 from __future__ import annotations
 
-from reprogate.records import DataRecord, Decision, Evaluation, LabelledSet, Record, ResumeRecord
+from reprogate.records import (
+    ChallengeSet,
+    DataRecord,
+    Decision,
+    Evaluation,
+    LabelledSet,
+    Record,
+    ResumeRecord,
+)
 
 # The set model choices look at: its numbers are in train.json (validation_accuracy) and the
 # complete record; the headline keeps the sets a model is judged on.
@@ -41,7 +49,7 @@ class DataMetrics(Record):
 
 
 class SetMetrics(Record):
-    """A labelled set's six numbers, or an out-of-scope set's two."""
+    """A labelled set's six numbers, an out-of-scope set's two, or a challenge set's one."""
 
     accuracy: float | None = None
     macro_f1: float | None = None
@@ -50,6 +58,7 @@ class SetMetrics(Record):
     coverage: float | None = None
     wrong_action_rate: float | None = None
     false_positive_action_rate: float | None = None
+    action_rate: float | None = None  # challenge queries acted on
 
 
 class EvalMetrics(Record):
@@ -70,6 +79,8 @@ class EvalMetrics(Record):
                     coverage=s.coverage,
                     wrong_action_rate=s.wrong_action_rate,
                 )
+            elif isinstance(s, ChallengeSet):
+                sets[name] = SetMetrics(action_rate=s.action_rate)
             else:
                 sets[name] = SetMetrics(
                     coverage=s.coverage, false_positive_action_rate=s.false_positive_action_rate

@@ -89,7 +89,7 @@ def parse(path: Path, shape: type[R]) -> tuple[R | None, str | None]:
         if first["type"] == "model_type":
             return None, f"{path.name} is not a JSON object"
         # Drop the tags pydantic adds for the set kinds: the user sees sets.test.accuracy.
-        field, found = first_problem(e, skip=("labelled", "out_of_scope"))
+        field, found = first_problem(e, skip=("labelled", "real_utterance", "out_of_scope", "challenge"))
         return None, f"{path.name} does not have the fields reprogate writes ({field}: {found})"
 
 
@@ -181,10 +181,16 @@ class CalibrationRecord(Record):
 # ----------------------------------------------------------------------------- evaluate
 
 
+SetUse = Literal["evaluate", "calibrate"]
+
+
 class LabelledSet(Record):
-    kind: Literal["labelled"]
+    """validation and test (kind labelled), or a set of real utterances."""
+
+    kind: Literal["labelled", "real_utterance"]
     accuracy: float
     n: int | None = None
+    use: SetUse | None = None  # calibrate: model choices may have looked at it; the gate skips it
     data_sha256: str | None = None
     macro_f1: float | None = None
     accuracy_ci95: Interval | None = None
@@ -195,14 +201,39 @@ class LabelledSet(Record):
     coverage: float | None = None
     acted_accuracy: float | None = None
     wrong_action_rate: float | None = None
+    wrong_actions: int | None = None
+    # real utterances predicted out of scope: in-domain requests the model took for "not banking"
+    predicted_out_of_scope: int | None = None
 
 
 class OutOfScopeSet(Record):
     kind: Literal["out_of_scope"]
     false_positive_action_rate: float
     n: int | None = None
+    use: SetUse | None = None
     data_sha256: str | None = None
     coverage: float | None = None
+
+
+class KindCount(Record):
+    n: int
+    acted: int
+    action_rate: float
+
+
+class ChallengeSet(Record):
+    """Queries no single intent answers: acting on one is a mistake, counted per kind."""
+
+    kind: Literal["challenge"]
+    action_rate: float
+    n: int
+    acted: int
+    by_kind: dict[str, KindCount]
+    use: SetUse | None = None
+    data_sha256: str | None = None
+
+
+EvalSetRecord = Annotated[LabelledSet | OutOfScopeSet | ChallengeSet, Field(discriminator="kind")]
 
 
 class Evaluation(Record):
@@ -211,7 +242,7 @@ class Evaluation(Record):
     model_version: str | None = None
     temperature: float | None = None
     policy: PolicyRecord | None = None
-    sets: dict[str, Annotated[LabelledSet | OutOfScopeSet, Field(discriminator="kind")]] = {}
+    sets: dict[str, EvalSetRecord] = {}
 
 
 class Alternative(Record):
@@ -232,6 +263,7 @@ class PredictionLine(Record):
     route: Literal["act", "review"]
     reasons: list[str]
     model_version: str
+    kind: str | None = None  # a challenge set's kind of query (unrelated, ambiguous, ...)
 
 
 # ------------------------------------------------------------------------- resume_check

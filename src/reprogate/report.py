@@ -21,7 +21,8 @@ from reprogate.headline import EvalMetrics
 from reprogate.revision import Revision, stage_changes
 
 HIGHER_IS_BETTER = {"accuracy": True, "macro_f1": True, "coverage": True}
-HIGHER_IS_BETTER |= {m: False for m in ("ece", "nll", "wrong_action_rate", "false_positive_action_rate")}
+LOWER = ("ece", "nll", "wrong_action_rate", "false_positive_action_rate", "action_rate")
+HIGHER_IS_BETTER |= dict.fromkeys(LOWER, False)
 HELDOUT = "test"
 TOP_INTENTS = 10
 

@@ -98,17 +98,69 @@ class Table(Strict):
     )
 
 
+class DevTestSplit(Strict):
+    """A seeded carve of one evaluation set into `<name>_dev`, which calibration and model
+    choices may look at, and `<name>_test`, measured once per change and never tuned on."""
+
+    seed: int
+    dev: float = Field(
+        gt=0.0,
+        lt=1.0,
+        description="Share of the rows (of each label's rows, when stratified) that go to <name>_dev, "
+        "rounded per label; the rest is <name>_test.",
+    )
+    stratify: bool = True
+
+
+SetKind = Literal["out_of_scope", "real_utterance", "challenge"]
+
+
 class EvalSet(Strict):
     table: Table
-    kind: Literal["out_of_scope", "labelled"] = Field(
+    kind: SetKind = Field(
         description="out_of_scope: no item has an intent (the model should not act); "
-        "labelled: real utterances whose labels must be in the vocabulary."
+        "real_utterance: what people actually say, labelled with intents of the vocabulary (the "
+        "gate's real_utterance_accuracy_min holds on it); challenge: queries no intent answers "
+        "(unrelated, ambiguous, several requests in one), the table's label_field naming each "
+        "row's kind, one of `kinds` (the gate's challenge_action_rate_max holds on it)."
     )
     use: Literal["evaluate", "calibrate"] = Field(
         "evaluate",
-        description="calibrate: may be used to fit the routing policy; evaluate: never seen "
-        "before evaluation.",
+        description="calibrate: calibration and model choices may look at it (it is still "
+        "evaluated, and the gate ignores it); evaluate: never seen before evaluation, judged by "
+        "the gate.",
     )
+    kinds: list[str] = Field(
+        default_factory=list,
+        description="challenge only: every kind its rows may have, e.g. [unrelated, ambiguous, "
+        "multi_intent]; a row of another kind is an error, never a new kind.",
+    )
+    split: DevTestSplit | None = Field(
+        None,
+        description="Carve the set into <name>_dev (use: calibrate) and <name>_test (use: "
+        "evaluate) by this seeded rule; `use` is then not given.",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> EvalSet:
+        if self.kind == "challenge" and not self.kinds:
+            raise ValueError(
+                "a challenge set must list its kinds, e.g. kinds: [unrelated, ambiguous, multi_intent]"
+            )
+        if self.kind != "challenge" and self.kinds:
+            raise ValueError(f"kinds applies to challenge sets only, not to kind '{self.kind}'")
+        if self.split is not None and "use" in self.model_fields_set:
+            raise ValueError(
+                "a set with a split has two parts: <name>_dev is use: calibrate and <name>_test is "
+                "use: evaluate; remove `use`"
+            )
+        return self
+
+    def parts(self, name: str) -> dict[str, Literal["evaluate", "calibrate"]]:
+        """The prepared sets this declaration becomes, with their use."""
+        if self.split is None:
+            return {name: self.use}
+        return {f"{name}_dev": "calibrate", f"{name}_test": "evaluate"}
 
 
 class SplitPolicy(Strict):
@@ -201,7 +253,18 @@ class DataSpec(Strict):
             if t.format == "clinc_json" and not t.keys:
                 raise ValueError(f"{where}.keys must name at least one list for clinc_json")
         reserved = {"train", "validation", "calibration", "test", "negatives"}
-        clash = reserved & set(self.eval_sets)
+        names = [p for n, e in self.eval_sets.items() for p in e.parts(n)]
+        clash = reserved & set(names)
         if clash:
             raise ValueError(f"eval_sets may not be named {sorted(clash)} (reserved split names)")
+        twice = sorted({p for p in names if names.count(p) > 1})
+        if twice:
+            raise ValueError(
+                f"eval_sets name {twice} twice (a set with a split adds <name>_dev and <name>_test); "
+                "rename one"
+            )
         return self
+
+    def prepared_sets(self) -> dict[str, tuple[SetKind, Literal["evaluate", "calibrate"]]]:
+        """Every evaluation set `prepare` writes, split parts included: name -> (kind, use)."""
+        return {p: (e.kind, use) for n, e in self.eval_sets.items() for p, use in e.parts(n).items()}

@@ -11,7 +11,20 @@ from reprogate.specs.base import Strict
 
 class Thresholds(Strict):
     heldout_accuracy_min: float = Field(0.90, ge=0.0, le=1.0)
-    real_utterance_accuracy_min: float = Field(1.0, ge=0.0, le=1.0)
+    real_utterance_accuracy_min: float = Field(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        description="Least accuracy on every real-utterance set the gate judges (use: evaluate); "
+        "no such rule when the data spec declares none.",
+    )
+    challenge_action_rate_max: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="Most share of a challenge set's queries (unrelated, ambiguous, several "
+        "requests in one) acted on, on every challenge set the gate judges. null: no such rule.",
+    )
     ece_max: float = Field(0.10, ge=0.0, le=1.0)
     false_positive_action_rate_max: float = Field(0.01, ge=0.0, le=1.0)
     wrong_action_rate_max: float = Field(0.02, ge=0.0, le=1.0)

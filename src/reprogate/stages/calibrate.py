@@ -53,7 +53,8 @@ def calibrate(root: Path, name: str, gate_path: Path) -> dict[str, Any]:
     logits = scorer.split_logits("calibration")
     temperature = fit_temperature(logits, torch.from_numpy(gold))
     before, after = probabilities(logits), probabilities(logits, temperature)
-    oos_sets = [n for n, e in data.eval_sets.items() if e.kind == "out_of_scope" and e.use == "calibrate"]
+    sets = data.prepared_sets().items()
+    oos_sets = [n for n, (kind, use) in sets if kind == "out_of_scope" and use == "calibrate"]
     oos = [probabilities(scorer.split_logits(n), temperature) for n in oos_sets]
     oos_probs = np.concatenate(oos) if oos else np.zeros((0, len(scorer.labels)))
     limits = gate.thresholds

@@ -67,9 +67,11 @@ def dvc(p: Pipeline) -> dict[str, Any]:
     }
 
 
-def eval_sets(data: DataSpec) -> dict[str, str]:
-    sets = {"validation": "labelled", "test": "labelled"}
-    sets.update({n: e.kind for n, e in data.eval_sets.items() if e.use == "evaluate"})
+def eval_sets(data: DataSpec) -> dict[str, tuple[str, str | None]]:
+    """Every set evaluated, name -> (kind, use): validation, test and every declared set, those
+    calibration may look at (use: calibrate) too, so their numbers are seen beside the others."""
+    sets: dict[str, tuple[str, str | None]] = {"validation": ("labelled", None), "test": ("labelled", None)}
+    sets.update(data.prepared_sets())
     return sets
 
 
@@ -90,14 +92,20 @@ def evaluate(root: Path, name: str) -> dict[str, Any]:
     plots = root / paths.plots_dir(name)
     plots.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
-    for split, kind in eval_sets(data).items():
+    for split, (kind, use) in eval_sets(data).items():
         source = prepared_file(root, split)
         rows = read_jsonl(source)
         logits = scorer.split_logits(split)
         cal = probabilities(logits, policy.temperature)
-        _write_predictions(pred_dir / f"{split}.jsonl", rows, cal, scorer, policy, version)
+        challenge = kind == "challenge"
+        _write_predictions(pred_dir / f"{split}.jsonl", rows, cal, scorer, policy, version, challenge)
         # The content hash lets the gate refuse to compare accuracies measured on different data.
-        head = {"kind": kind, "n": len(rows), "data_sha256": sha256_file(source)}
+        head = {
+            "kind": kind,
+            "n": len(rows),
+            **({"use": use} if use else {}),
+            "data_sha256": sha256_file(source),
+        }
         act = act_mask(cal, policy, scorer.oos_index)
         if kind == "out_of_scope":
             results[split] = {
@@ -106,10 +114,13 @@ def evaluate(root: Path, name: str) -> dict[str, Any]:
                 "coverage": float(act.mean()),
             }
             continue
+        if challenge:
+            results[split] = {**head, **_challenge(rows, act)}
+            continue
         raw = probabilities(logits)
         gold = gold_indices(rows, scorer.labels)
         results[split], per_intent, bins = _labelled(
-            head, gold, raw, cal, act, scorer.labels, len(data.labels)
+            head, gold, raw, cal, act, scorer.labels, len(data.labels), scorer.oos_index
         )
         if split == "test":
             _plots(plots, scorer.labels, gold, cal.argmax(1), cal, *bins)
@@ -127,8 +138,23 @@ def evaluate(root: Path, name: str) -> dict[str, Any]:
     return metrics.model_dump(mode="json", exclude_unset=True)
 
 
+def _challenge(rows: list[dict], act: np.ndarray) -> dict[str, Any]:
+    """Share of a challenge set acted on, overall and per kind (the row's source label)."""
+    by_kind: dict[str, list[bool]] = {}
+    for r, a in zip(rows, act, strict=True):
+        by_kind.setdefault(r["source_label"], []).append(bool(a))
+    return {
+        "action_rate": float(act.mean()),
+        "acted": int(act.sum()),
+        "by_kind": {
+            k: {"n": len(v), "acted": sum(v), "action_rate": sum(v) / len(v)}
+            for k, v in sorted(by_kind.items())
+        },
+    }
+
+
 def _write_predictions(
-    path: Path, rows: list[dict], cal: np.ndarray, scorer: Scorer, policy, version
+    path: Path, rows: list[dict], cal: np.ndarray, scorer: Scorer, policy, version, challenge: bool
 ) -> None:
     with open(path, "w", encoding="utf-8") as f:
         for r, p in zip(rows, cal, strict=True):
@@ -142,11 +168,12 @@ def _write_predictions(
                 predicted=said.pop("intent"),
                 **said,
                 model_version=version,
+                **({"kind": r["source_label"]} if challenge else {}),
             )
-            f.write(jsonl.line(line.model_dump(mode="json")))
+            f.write(jsonl.line(line.model_dump(mode="json", exclude_unset=True)))
 
 
-def _labelled(head: dict, gold: np.ndarray, raw, cal, act, labels: list[str], n_labels: int):
+def _labelled(head: dict, gold: np.ndarray, raw, cal, act, labels: list[str], n_labels: int, oos: int | None):
     """A labelled set's metrics, its per-intent precision, recall and F1, and its reliability
     diagram before and after calibration."""
     pred = cal.argmax(1)
@@ -164,6 +191,8 @@ def _labelled(head: dict, gold: np.ndarray, raw, cal, act, labels: list[str], n_
         "coverage": n_act / len(gold),
         "acted_accuracy": float(correct[act].mean()) if n_act else None,
         "wrong_action_rate": float((act & ~correct).sum() / n_act) if n_act else 0.0,
+        "wrong_actions": int((act & ~correct).sum()),
+        "predicted_out_of_scope": int((pred == oos).sum()) if oos is not None else 0,
     }
     p, r, f1, support = per_class(gold, pred, len(labels))
     per_intent = [

@@ -90,6 +90,7 @@ def judge(name: str, ev: dict | None, resume: dict | None, gate: GateSpec, prod:
         else _na("coverage", "no coverage_min in the gate spec"),
         _real_utterances(sets, t.real_utterance_accuracy_min),
         _false_positives(sets, t.false_positive_action_rate_max),
+        _challenge(sets, t.challenge_action_rate_max),
     ]
     if t.require_resume_equivalence:
         rules.append(
@@ -105,10 +106,15 @@ def judge(name: str, ev: dict | None, resume: dict | None, gate: GateSpec, prod:
     return rules
 
 
+def _judged(sets: dict, kind: str) -> dict[str, dict]:
+    """The sets of a kind the gate judges: those calibration and model choices never looked at."""
+    return {n: s for n, s in sets.items() if s["kind"] == kind and s.get("use", "evaluate") == "evaluate"}
+
+
 def _real_utterances(sets: dict, minimum: float) -> dict[str, Any]:
-    real = {n: s for n, s in sets.items() if s["kind"] == "labelled" and n not in ("test", "validation")}
+    real = _judged(sets, "real_utterance")
     if not real:
-        return _na("real_utterance_accuracy", "the data spec declares no real-utterance set")
+        return _na("real_utterance_accuracy", "the data spec declares no real-utterance set to evaluate")
     worst = min(real, key=lambda n: real[n]["accuracy"])
     return _rule(
         "real_utterance_accuracy",
@@ -120,7 +126,7 @@ def _real_utterances(sets: dict, minimum: float) -> dict[str, Any]:
 
 
 def _false_positives(sets: dict, maximum: float) -> dict[str, Any]:
-    oos = {n: s for n, s in sets.items() if s["kind"] == "out_of_scope"}
+    oos = _judged(sets, "out_of_scope")
     if not oos:
         return _rule(
             "false_positive_action_rate",
@@ -136,6 +142,23 @@ def _false_positives(sets: dict, maximum: float) -> dict[str, Any]:
         "<=",
         maximum,
         f"highest of {sorted(oos)}: {worst}",
+    )
+
+
+def _challenge(sets: dict, maximum: float | None) -> dict[str, Any]:
+    if maximum is None:
+        return _na("challenge_action_rate", "no challenge_action_rate_max in the gate spec")
+    challenge = _judged(sets, "challenge")
+    if not challenge:
+        return _na("challenge_action_rate", "the data spec declares no challenge set to evaluate")
+    worst = max(challenge, key=lambda n: challenge[n]["action_rate"])
+    kinds = ", ".join(f"{k} {c['acted']}/{c['n']}" for k, c in challenge[worst]["by_kind"].items())
+    return _rule(
+        "challenge_action_rate",
+        challenge[worst]["action_rate"],
+        "<=",
+        maximum,
+        f"highest of {sorted(challenge)}: {worst} (acted on: {kinds})",
     )
 
 

@@ -7,11 +7,8 @@ Outputs are byte-identical for the same spec and raw files.
 
 from __future__ import annotations
 
-import csv
 import difflib
 import json
-import logging
-import tempfile
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
@@ -28,7 +25,17 @@ from reprogate.hashing import sha256_file
 from reprogate.headline import DataMetrics
 from reprogate.pipeline import Context, Result
 from reprogate.records import DataRecord, write
-from reprogate.specs import DataSpec, Normalization, Pipeline, Table, find_root, load_pipeline, load_spec
+from reprogate.specs import (
+    DataSpec,
+    EvalSet,
+    Normalization,
+    Pipeline,
+    Table,
+    find_root,
+    load_pipeline,
+    load_spec,
+)
+from reprogate.tables import read_table
 from reprogate.text import canonical
 
 PER_MODEL = None
@@ -70,148 +77,12 @@ def normalize(text: str, n: Normalization) -> str:
     return text
 
 
-def _read_table(t: Table, path: Path) -> list[tuple[str, str, str | None]]:
-    """(id, text, source label) for every row; a file that cannot be read as its declared
-    format is a user mistake, explained, never a traceback."""
-    try:
-        rows = _parse_table(t, path)
-    except UserError:
-        raise
-    except Exception as e:  # csv, json, pyarrow and datasets each raise their own kinds
-        while e.__cause__ is not None or e.__context__ is not None:  # the parser's own words
-            e = e.__cause__ or e.__context__
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-        raise UserError(
-            f"{path}: could not be read as format '{t.format}' ({type(e).__name__}: {first}). Check "
-            "that the file is UTF-8 text in that format, or set the table's format in the data spec."
-        ) from None
-    if not rows:
-        raise UserError(
-            f"{path}: has no rows for this table (format '{t.format}'"
-            + (f", keys {t.keys}" if t.format == "clinc_json" else "")
-            + "); point the table at a file with data, or remove it from the data spec."
-        )
-    return rows
-
-
-def _parse_table(t: Table, path: Path) -> list[tuple[str, str, str | None]]:
-    """(id, text, source label) for every row, read through `datasets`."""
-    import datasets
-
-    datasets.disable_progress_bars()
-    # Quiet: a parse failure is reported once, by _read_table, with the file and the fix.
-    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
-    logging.getLogger("datasets").setLevel(logging.CRITICAL)
-    if t.format == "clinc_json":
-        raw = json.loads(path.read_text(encoding="utf-8"))
-        missing = [k for k in t.keys if not isinstance(raw, dict) or k not in raw]
-        if missing:
-            have = sorted(raw) if isinstance(raw, dict) else type(raw).__name__
-            raise UserError(f"{path}: has no key {missing[0]!r} (has: {have}); fix the table's keys.")
-        items = [(f"{t.file}:{k}:{i}", x[0], x[1]) for k in t.keys for i, x in enumerate(raw[k])]
-        ds = datasets.Dataset.from_dict(
-            {
-                "id": [i for i, _, _ in items],
-                "text": [x for _, x, _ in items],
-                "label": [y for _, _, y in items],
-            }
-        )
-        return list(zip(ds["id"], ds["text"], ds["label"], strict=True))
-    if path.stat().st_size == 0:
-        return []
-    with tempfile.TemporaryDirectory() as cache:
-        if t.format == "csv":
-            # utf-8-sig: spreadsheets save "CSV UTF-8" with a BOM, which pandas drops too.
-            with open(path, newline="", encoding="utf-8-sig") as f:
-                reader = csv.reader(f)
-                header = next(reader, [])
-                if next(reader, None) is None:
-                    return []  # a header and nothing else
-            features = datasets.Features({c: datasets.Value("string") for c in header})
-            ds = datasets.load_dataset(
-                "csv",
-                data_files=str(path),
-                split="train",
-                cache_dir=cache,
-                features=features,
-                keep_default_na=False,
-                na_filter=False,
-            )
-        else:
-            ds = datasets.Dataset.from_dict(_jsonl_columns(t, path))
-        for col in (t.text_field, t.label_field):
-            if col not in ds.column_names:
-                raise UserError(
-                    f"{path}: has no column '{col}' (columns: {ds.column_names}); set the "
-                    "table's text_field / label_field in the data spec to the right names."
-                )
-        texts, labels = ds[t.text_field], ds[t.label_field]
-    return [
-        (f"{t.file}:{i}", x or "", None if y is None else str(y))
-        for i, (x, y) in enumerate(zip(texts, labels, strict=True))
-    ]
-
-
-def _jsonl_columns(t: Table, path: Path) -> dict[str, list]:
-    """The text and label columns of a JSON Lines file, parsed line by line with Python's json
-    so a mistake names its line (pyarrow's reader names a byte offset); lines as jsonl.read_lines
-    splits them (on \\n only: JSON allows U+2028 inside a line)."""
-    rows = []
-    for n, line in enumerate(jsonl.read_lines(path), 1):
-        where = f"{path}:{n}"
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(
-                f"{where}: not valid JSON ({e.msg}, column {e.colno}); each line of a jsonl file holds "
-                "one JSON object."
-            ) from None
-        if not isinstance(row, dict):
-            raise UserError(
-                f"{where}: is a JSON {type(row).__name__}, not an object; each line holds one object "
-                f"with the keys '{t.text_field}' and '{t.label_field}'."
-            )
-        for key, kinds in ((t.text_field, (str,)), (t.label_field, (str, int))):
-            value = row.get(key)
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, kinds):
-                raise UserError(
-                    f"{where}: '{key}' is {json.dumps(value)[:80]}, not a string; write it as one."
-                )
-            try:
-                str(value).encode("utf-8")
-            except UnicodeEncodeError:
-                raise UserError(
-                    f"{where}: '{key}' holds an unpaired surrogate (a broken \\ud8xx-\\udfxx escape), "
-                    "which no UTF-8 text can hold; fix or remove the escape."
-                ) from None
-        rows.append(row)
-    keys = sorted({k for r in rows for k in r})
-    for col in (t.text_field, t.label_field):
-        if rows and col not in keys:
-            raise UserError(
-                f"{path}: no line has the key '{col}' (keys: {keys}); set the table's text_field / "
-                "label_field in the data spec to the right names."
-            )
-    label = lambda r: None if r.get(t.label_field) is None else str(r[t.label_field])  # noqa: E731
-    return {t.text_field: [r.get(t.text_field) for r in rows], t.label_field: [label(r) for r in rows]}
-
-
-def _load(
-    spec_path: Path,
-    t: Table,
-    where: str,
-    path: Path,
-    vocab: set[str] | None,
-    labels: list[str],
-) -> Split:
-    """Canonicalise one table; `vocab` set means labels must be in it (else error)."""
+def _load(spec_path: Path, t: Table, where: str, path: Path, allowed: Allowed | None) -> Split:
+    """Canonicalise one table; with `allowed`, every row's label must be one of its values
+    (else error), and it is the row's intent when `allowed.intents`."""
     split = Split(rows=[])
     bad: list[tuple[str, str]] = []
-    for rid, text, label in _read_table(t, path):
+    for rid, text, label in read_table(t, path):
         if label in t.exclude_labels:
             split.dropped["excluded_label"] += 1
             continue
@@ -219,20 +90,31 @@ def _load(
         if not text:
             split.dropped["empty_text"] += 1
             continue
-        if vocab is not None and label not in vocab:
+        if allowed is not None and label not in allowed.values:
             bad.append((rid, label))
             continue
-        split.rows.append(Row(rid, text, label if vocab is not None else None, label))
+        split.rows.append(Row(rid, text, label if allowed and allowed.intents else None, label))
     if bad:
         counts = Counter(lbl for _, lbl in bad)
-        worst = ", ".join(f"'{lbl}' ({n} rows{_closest(lbl, labels)})" for lbl, n in counts.most_common(5))
+        worst = ", ".join(
+            f"'{lbl}' ({n} rows{_closest(lbl, allowed.values)})" for lbl, n in counts.most_common(5)
+        )
         raise UserError(
-            f"{spec_path}: {where} ({path}) has {len(bad)} row(s) whose label is not in the "
-            f"spec's 'labels' vocabulary: {worst}; first at row {bad[0][0]}. Nothing was "
-            "written and no row was skipped: add the label to 'labels' (the head grows with "
-            "it) or fix the data file and its sha256."
+            f"{spec_path}: {where} ({path}) has {len(bad)} row(s) whose {t.label_field} is not in the "
+            f"spec's '{allowed.field}': {worst}; first at row {bad[0][0]}. Nothing was written and no "
+            f"row was skipped: {allowed.fix} or fix the data file and its sha256."
         )
     return split
+
+
+@dataclass
+class Allowed:
+    """The values a table's label column may hold, where the spec declares them, and the fix."""
+
+    values: list[str]
+    field: str
+    fix: str
+    intents: bool = True  # the values are intents (else: a challenge set's kinds)
 
 
 def _closest(label: str | None, labels: list[str]) -> str:
@@ -258,21 +140,50 @@ def _dedupe(split: Split, key, forbidden: set[str], reason_forbidden: str) -> No
 
 def _carve(rows: list[Row], spec: DataSpec) -> tuple[list[Row], list[Row], list[Row]]:
     """Seeded, label-stratified validation and calibration partitions out of train."""
-    rng = np.random.default_rng(spec.split.seed)
-    groups: dict[str | None, list[int]] = {}
-    for i, r in enumerate(rows):
-        groups.setdefault(r.label if spec.split.stratify else None, []).append(i)
-    order = spec.labels if spec.split.stratify else [None]
-    val, cal = set(), set()
-    for label in order:
-        idx = groups.get(label, [])
-        perm = rng.permutation(len(idx))
-        n_val = round(spec.split.validation * len(idx))
-        n_cal = round(spec.split.calibration * len(idx))
-        val.update(idx[j] for j in perm[:n_val])
-        cal.update(idx[j] for j in perm[n_val : n_val + n_cal])
+    p = spec.split
+    val, cal = _seeded_parts(rows, p.seed, [p.validation, p.calibration], spec.labels if p.stratify else None)
     train = [r for i, r in enumerate(rows) if i not in val and i not in cal]
     return train, [rows[i] for i in sorted(val)], [rows[i] for i in sorted(cal)]
+
+
+def _seeded_parts(
+    rows: list[Row], seed: int, shares: list[float], strata: list[str] | None
+) -> list[set[int]]:
+    """Row indices of each share, drawn per stratum (the rows' source label, in `strata`'s
+    order) or over all rows (None), from one seeded generator."""
+    rng = np.random.default_rng(seed)
+    groups: dict[str | None, list[int]] = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(r.source_label if strata is not None else None, []).append(i)
+    parts: list[set[int]] = [set() for _ in shares]
+    for group in strata if strata is not None else [None]:
+        idx = groups.get(group, [])
+        perm = rng.permutation(len(idx))
+        start = 0
+        for part, share in zip(parts, shares, strict=True):
+            n = round(share * len(idx))
+            part.update(idx[j] for j in perm[start : start + n])
+            start += n
+    return parts
+
+
+def _dev_test(name: str, e: EvalSet, split: Split, spec: DataSpec) -> dict[str, list[Row]]:
+    """A set's prepared parts: itself, or <name>_dev and <name>_test by its seeded split."""
+    if e.split is None:
+        return {name: split.rows}
+    strata = (e.kinds if e.kind == "challenge" else spec.labels) if e.split.stratify else None
+    (dev,) = _seeded_parts(split.rows, e.split.seed, [e.split.dev], strata)
+    parts = {
+        f"{name}_dev": [r for i, r in enumerate(split.rows) if i in dev],
+        f"{name}_test": [r for i, r in enumerate(split.rows) if i not in dev],
+    }
+    empty = [n for n, rows in parts.items() if not rows]
+    if empty:
+        raise UserError(
+            f"eval_sets.{name}.split: part(s) {empty} came out empty ({len(split.rows)} rows); set "
+            "split.dev between 0 and 1 so that both parts keep rows, or add rows."
+        )
+    return parts
 
 
 def _write_jsonl(path: Path, rows: list[Row]) -> str:
@@ -285,6 +196,33 @@ def _write_jsonl(path: Path, rows: list[Row]) -> str:
     return sha256_file(path)
 
 
+def _load_all(spec: DataSpec, spec_path: Path, root: Path) -> tuple[Split, dict[str, Split], Split]:
+    """Every table of the spec, canonicalised: train, the held-out test and each evaluation
+    set as declared (before any dev/test split), and the negatives."""
+    files = {n: fetch_origin(n, o, spec_path, root) for n, o in spec.origins.items()}
+
+    def load(t: Table, where: str, allowed: Allowed | None) -> Split:
+        return _load(spec_path, t, where, files[t.origin][t.file], allowed)
+
+    intents = Allowed(spec.labels, "labels", "add the label to 'labels' (the head grows with it)")
+    train = load(spec.train, "train", intents)
+    declared: dict[str, Split] = {"test": load(spec.test, "test", intents)}
+    for name, e in spec.eval_sets.items():
+        where = f"eval_sets.{name}"
+        allowed = {
+            "real_utterance": intents,
+            "challenge": Allowed(e.kinds, f"{where}.kinds", f"add the kind to {where}.kinds", False),
+            "out_of_scope": None,
+        }[e.kind]
+        declared[name] = load(e.table, where, allowed)
+    negatives = Split(rows=[])
+    for i, t in enumerate(spec.negatives):
+        part = load(t, f"negatives[{i}]", None)
+        negatives.rows += part.rows
+        negatives.dropped += part.dropped
+    return train, declared, negatives
+
+
 def prepare(
     spec_path: Path, root: Path | None = None, out_dir: Path | None = None, into: Path | None = None
 ) -> dict:
@@ -295,33 +233,24 @@ def prepare(
     into = into or root
     spec = load_spec(spec_path, DataSpec)
 
-    files = {n: fetch_origin(n, o, spec_path, root) for n, o in spec.origins.items()}
-    vocab = set(spec.labels)
-
-    def load(t: Table, where: str, in_vocab: bool) -> Split:
-        return _load(spec_path, t, where, files[t.origin][t.file], vocab if in_vocab else None, spec.labels)
-
-    train = load(spec.train, "train", True)
-    heldout: dict[str, Split] = {"test": load(spec.test, "test", True)}
+    train, declared, negatives = _load_all(spec, spec_path, root)
+    heldout = {"test": declared["test"].rows}
     for name, e in spec.eval_sets.items():
-        heldout[name] = load(e.table, f"eval_sets.{name}", e.kind == "labelled")
-    negatives = Split(rows=[])
-    for i, t in enumerate(spec.negatives):
-        part = load(t, f"negatives[{i}]", False)
-        negatives.rows += part.rows
-        negatives.dropped += part.dropped
+        heldout.update(_dev_test(name, e, declared[name], spec))
 
     key = lambda text: normalize(text, spec.normalization)  # noqa: E731
     audit = {
+        # Before any dev/test split, so a text in both parts of a set counts as a duplicate.
         "duplicates_within": {
-            n: _dup_count(s.rows, key) for n, s in {"train": train, **heldout, "negatives": negatives}.items()
+            n: _dup_count(s.rows, key)
+            for n, s in {"train": train, **declared, "negatives": negatives}.items()
         },
-        "overlap_with_train": {n: _overlap(train.rows, s.rows, key) for n, s in heldout.items()},
+        "overlap_with_train": {n: _overlap(train.rows, rows, key) for n, rows in heldout.items()},
     }
-    heldout_keys = {key(r.text) for s in heldout.values() for r in s.rows}
+    heldout_keys = {key(r.text) for rows in heldout.values() for r in rows}
     if spec.dedupe_train:
         _dedupe(train, key, heldout_keys, "duplicate_of_heldout")
-    in_scope_keys = {key(r.text) for r in train.rows} | {key(r.text) for r in heldout["test"].rows}
+    in_scope_keys = {key(r.text) for r in train.rows} | {key(r.text) for r in heldout["test"]}
     _dedupe(negatives, key, heldout_keys | in_scope_keys, "duplicate_of_in_scope_or_heldout")
 
     tr, val, cal = _carve(train.rows, spec)
@@ -338,7 +267,7 @@ def prepare(
             "head cannot learn them. Add examples, remove the labels, or lower the fractions."
         )
 
-    outputs = {"train": tr, "validation": val, "calibration": cal, **{n: s.rows for n, s in heldout.items()}}
+    outputs = {"train": tr, "validation": val, "calibration": cal, **heldout}
     if spec.negatives:
         outputs["negatives"] = negatives.rows
     # Built in a sibling folder and swapped in, so a failure never leaves a half-written set.
@@ -352,7 +281,7 @@ def prepare(
         "rows": {n: len(rows) for n, rows in outputs.items()},
         "dropped": {
             "train": dict(sorted(train.dropped.items())),
-            **{n: dict(sorted(s.dropped.items())) for n, s in heldout.items()},
+            **{n: dict(sorted(s.dropped.items())) for n, s in declared.items()},
             "negatives": dict(sorted(negatives.dropped.items())),
         },
         "audit": audit,
