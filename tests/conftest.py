@@ -165,7 +165,8 @@ def build_home_pipeline(dest: Path) -> Path:
     # thresholds are the toy's; BANKING77's real thresholds are specs/gate.yaml's.
     (root / "specs/gate.yaml").write_text(
         "kind: gate\nthresholds: {heldout_accuracy_min: 0.7, ece_max: 0.3, wrong_action_rate_max: 0.3,"
-        " false_positive_action_rate_max: 1.0, real_utterance_accuracy_min: 0.6}\n"
+        " false_positive_action_rate_max: 1.0, real_utterance_accuracy_min: 0.6,"
+        " challenge_action_rate_max: 1.0}\n"
     )
     params = yaml.safe_load((root / "params.yaml").read_text())
     (root / "params.yaml").write_text(

@@ -38,7 +38,8 @@ def test_a_clone_without_the_tags_numbers_the_next_promotion_after_the_committed
 
 def test_pipeline_writes_predictions_and_a_passing_gate(home):
     ev = json.loads((home / "results/tiny/eval.json").read_text())
-    assert set(ev["sets"]) == {"validation", "test", "oos_test", "real"}
+    assert set(ev["sets"]) == {"validation", "test", "oos_val", "oos_test", "real", "challenge"}
+    assert ev["sets"]["oos_val"]["use"] == "calibrate" and ev["sets"]["oos_test"]["use"] == "evaluate"
     real = [json.loads(x) for x in (home / "predictions/tiny/real.jsonl").read_text().splitlines()]
     assert [r["gold"] for r in real] == ["lights_on", "lights_off", "set_timer", "play_music", "weather"]
     lines = [json.loads(x) for x in (home / "predictions/tiny/test.jsonl").read_text().splitlines()]

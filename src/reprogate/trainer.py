@@ -97,6 +97,12 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type, enabled=spec.precision == "fp16")
         self.sampler = EpochSampler(len(feats), spec.micro_batch, spec.seed, self.rank, self.world)
         self.labels = torch.tensor([e.label for e in data.examples], dtype=torch.long)
+        self.class_weight = None
+        w = spec.head.out_of_scope_weight
+        if spec.head.out_of_scope_class and w != 1.0:
+            # The out-of-scope class is the last output; None keeps the unweighted sum bitwise.
+            self.class_weight = torch.ones(len(data.labels), device=device)
+            self.class_weight[-1] = w
         self.progress = Progress()
         if self.world > 1:
             # Same initial weights on every rank (seeded before the model was built), but each
@@ -215,7 +221,13 @@ class Trainer:
                 logits = self.model(**batch)
             # Sum over items / items in the whole update: equal to one big batch of n_items.
             loss = (
-                F.cross_entropy(logits.float(), y, reduction="sum", label_smoothing=self.spec.label_smoothing)
+                F.cross_entropy(
+                    logits.float(),
+                    y,
+                    weight=self.class_weight,
+                    reduction="sum",
+                    label_smoothing=self.spec.label_smoothing,
+                )
                 / n_items
             )
             self.scaler.scale(loss).backward()

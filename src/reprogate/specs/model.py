@@ -70,7 +70,25 @@ class HeadConfig(Strict):
     out_of_scope_class: bool = Field(
         False, description="Add an out-of-scope class trained on the data spec's negatives."
     )
+    out_of_scope_weight: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description="Loss weight of each negative against 1 for an in-scope example. Negatives "
+        "can outnumber all intents together (BANKING77: 11,870 against 7,959), and at weight 1 the "
+        "out-of-scope class wins for in-domain phrasings it has not seen.",
+    )
     dropout: Fraction = 0.1
+
+    @model_validator(mode="after")
+    def _weight_needs_class(self) -> HeadConfig:
+        # By value, not by presence: a model folder's config repeats every field of its spec.
+        if self.out_of_scope_weight != 1.0 and not self.out_of_scope_class:
+            raise ValueError(
+                "out_of_scope_weight weighs the out-of-scope class's examples; set "
+                "out_of_scope_class: true, or remove out_of_scope_weight"
+            )
+        return self
 
 
 class OptimizerConfig(Strict):

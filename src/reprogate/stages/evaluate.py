@@ -233,15 +233,19 @@ def _plots(plots: Path, labels, gold, pred, cal, bins_before, bins_after) -> Non
 
 def summary(name: str, m: dict[str, Any]) -> str:
     t = m["sets"]["test"]
-    oos = [
-        f"{n} FP-action {s['false_positive_action_rate']:.3f}"
-        for n, s in m["sets"].items()
-        if s["kind"] == "out_of_scope"
-    ]
+    judged = {n: x for n, x in m["sets"].items() if x.get("use", "evaluate") == "evaluate"}
+    more = []
+    for n, x in judged.items():
+        if x["kind"] == "out_of_scope":
+            more.append(f"{n} FP-action {x['false_positive_action_rate']:.3f}")
+        elif x["kind"] == "real_utterance":
+            more.append(f"{n} accuracy {x['accuracy']:.3f} ({x['wrong_actions']} wrong actions)")
+        elif x["kind"] == "challenge":
+            more.append(f"{n} acted on {x['acted']}/{x['n']}")
     return (
         f"evaluate: {name}: test accuracy {t['accuracy']:.4f} [{t['accuracy_ci95'][0]:.4f}, "
         f"{t['accuracy_ci95'][1]:.4f}], ECE {t['ece_before']:.4f} -> {t['ece_after']:.4f}, coverage "
-        f"{t['coverage']:.3f}, wrong-action {t['wrong_action_rate']:.4f}; " + ", ".join(oos)
+        f"{t['coverage']:.3f}, wrong-action {t['wrong_action_rate']:.4f}; " + ", ".join(more)
     )
 
 
