@@ -274,6 +274,14 @@ def _evaluations(run_key: str, evaluation: Evaluation) -> list[dict[str, Any]]:
                     "n": s.n, "data_sha256": s.data_sha256,
                 }
             )  # fmt: skip
+        for kind, c in getattr(s, "by_kind", {}).items():  # a challenge set's acceptance per kind
+            rows.append(
+                {
+                    "run_key": run_key, "set": name, "metric": f"action_rate.{kind}", "kind": s.kind,
+                    "value": c.action_rate, "ci_low": None, "ci_high": None, "n": c.n,
+                    "data_sha256": s.data_sha256,
+                }
+            )  # fmt: skip
     return rows
 
 

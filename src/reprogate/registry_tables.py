@@ -89,7 +89,7 @@ class EvaluationRow(Row):
     run_key: str
     set: str
     metric: str
-    kind: str  # labelled, out_of_scope
+    kind: str  # labelled, real_utterance, out_of_scope, challenge
     value: float | None
     ci_low: float | None
     ci_high: float | None
