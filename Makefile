@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: venv repro remote test lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy bench-registry clean
+.PHONY: venv repro remote test test-home-assistant bench-home-assistant lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy bench-registry clean
 
 # Rebuilt whenever the lock or the project metadata changes.
 $(VENV)/.installed: requirements.lock pyproject.toml
@@ -24,6 +24,17 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	touch $@
 
 venv: $(VENV)/.installed
+
+# Home Assistant's own environment (Python 3.13, its own lock): the newest Home Assistant these
+# machines can install, 2025.4.4, pinned by pytest-homeassistant-custom-component 0.13.236.
+HA_PYTHON ?= $(shell PYENV_VERSION=3.13.0 pyenv which python 2>/dev/null || command -v python3.13)
+HA_VENV := .venv-ha
+$(HA_VENV)/.installed: requirements-home-assistant.lock
+	@[ -n "$(HA_PYTHON)" ] || { echo "make test-home-assistant: no Python 3.13 found; set HA_PYTHON=/path/to/python3.13"; exit 1; }
+	rm -rf $(HA_VENV)
+	$(HA_PYTHON) -m venv $(HA_VENV)
+	$(HA_VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-home-assistant.lock
+	touch $@
 
 # With a DVC remote (make remote), what it holds is restored first (outputs and run-cache) and
 # only what is missing runs; without one, or with PULL=no, everything is computed here.
@@ -43,14 +54,23 @@ remote: venv
 	reprogate remote $(URL)
 
 test: venv
-	ruff check src tests bench tools
+	ruff check src tests bench tools custom_components tests_home_assistant
 	reprogate validate specs/
 	reprogate compile --check
 	python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
+# The custom integration inside real Home Assistant, against a real `reprogate serve` on loopback.
+test-home-assistant: venv $(HA_VENV)/.installed
+	cd tests_home_assistant && ../$(HA_VENV)/bin/python -m pytest -q -p no:sugar
+
+# reprogate's share of one Assist turn (text in, response out), beside the server's own latency.
+bench-home-assistant: venv $(HA_VENV)/.installed
+	cd tests_home_assistant && REPROGATE_HA_LATENCY_OUT=$(abspath bench/results/home_assistant.json) \
+		../$(HA_VENV)/bin/python -m pytest -q -p no:sugar -k share_of_an_assist_turn
+
 lint: venv
-	ruff check src tests bench tools
-	ruff format --check src tests
+	ruff check src tests bench tools custom_components tests_home_assistant
+	ruff format --check src tests custom_components tests_home_assistant
 
 bench: venv
 	python bench/train_bench.py

@@ -1,0 +1,88 @@
+"""The one call to `reprogate serve`: POST /predict, never blocking the event loop.
+
+Every way the call can go wrong (no answer in time, nothing listening, an HTTP error, a body
+that is not a prediction) comes back as a Failure with a sentence to say, never as an
+exception: Home Assistant's log only ever sees a warning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from .const import MAX_TEXT_CHARS
+
+
+@dataclass(frozen=True)
+class Answer:
+    intent: str
+    probability: float
+    route: str  # "act" or "review"
+    reasons: list[str]
+    alternatives: list[tuple[str, float]]
+    model_version: str
+    latency_ms: float | None = None
+    truncated: bool = False
+
+
+@dataclass(frozen=True)
+class Failure:
+    say: str  # what the assistant answers
+    log: str  # what goes to Home Assistant's log, as a warning
+    details: dict = field(default_factory=dict)
+
+
+async def predict(session: aiohttp.ClientSession, url: str, text: str, timeout: float) -> Answer | Failure:
+    truncated = len(text) > MAX_TEXT_CHARS
+    body = {"text": text[:MAX_TEXT_CHARS]}
+    where = f"{url.rstrip('/')}/predict"
+    try:
+        async with session.post(where, json=body, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            if resp.status != 200:
+                detail = (await resp.text())[:300]
+                return Failure(
+                    f"reprogate refused the request (HTTP {resp.status}), so I did nothing.",
+                    f"reprogate at {where} answered HTTP {resp.status}: {detail}",
+                    {"status": resp.status},
+                )
+            payload = await resp.json(content_type=None)
+    except TimeoutError:
+        return Failure(
+            f"reprogate did not answer within {timeout:g} seconds, so I did nothing.",
+            f"reprogate at {where} did not answer within {timeout:g} s; raise the timeout in the "
+            "integration's options or check the server",
+        )
+    except aiohttp.ClientError as e:
+        return Failure(
+            "reprogate could not be reached, so I did nothing.",
+            f"reprogate at {where} could not be reached ({type(e).__name__}: {e}); is `reprogate "
+            "serve` running there?",
+        )
+    except ValueError as e:  # the body was not JSON
+        return Failure(
+            "reprogate answered something I cannot read, so I did nothing.",
+            f"reprogate at {where} answered a body that is not JSON ({e})",
+        )
+    return _answer(payload, where, truncated)
+
+
+def _answer(payload: object, where: str, truncated: bool) -> Answer | Failure:
+    try:
+        p = payload["predictions"][0]  # type: ignore[index]
+        return Answer(
+            intent=str(p["intent"]),
+            probability=float(p["probability"]),
+            route=str(p["route"]),
+            reasons=[str(r) for r in p["reasons"]],
+            alternatives=[(str(a["intent"]), float(a["probability"])) for a in p["alternatives"]],
+            model_version=str(p["model_version"]),
+            latency_ms=float(p["latency_ms"]) if p.get("latency_ms") is not None else None,
+            truncated=truncated,
+        )
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        return Failure(
+            "reprogate answered something I cannot read, so I did nothing.",
+            f"reprogate at {where} answered JSON without a prediction ({type(e).__name__}: {e}); "
+            "is the URL a reprogate server of a matching version?",
+        )
