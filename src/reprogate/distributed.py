@@ -1,22 +1,22 @@
-"""Training in several processes (ranks) on one machine: launch, gradient sync, state gathering.
+"""Training in several processes (ranks): launched by PyTorch's elastic agent, gradient sync,
+state gathering.
 
-A spec with `processes: N` makes `reprogate stage train` start N copies of itself with the
-environment torchrun would set (RANK, WORLD_SIZE, MASTER_ADDR, ...); a launch by torchrun
-itself works the same. The ranks average their gradients with an all-reduce after each update,
-so every rank holds the same model, and rank 0 writes checkpoints holding every rank's RNG
-state and sampler position. gloo on CPU, NCCL on CUDA. With one process nothing here runs.
+A spec with `processes: N` makes `reprogate stage train` run N copies of itself under
+`torch.distributed.launcher.api.elastic_launch`: c10d rendezvous on loopback, process
+supervision and restarts (`max_restarts`) are PyTorch's. A launch by `torchrun` itself, on one
+machine or several, works the same. The ranks average their gradients with an all-reduce after
+each update, so every rank holds the same model, and rank 0 writes checkpoints holding every
+rank's RNG state and sampler position; a restarted worker group resumes from the last committed
+one. gloo on CPU, NCCL on CUDA. With one process nothing here runs.
 """
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -24,72 +24,83 @@ import torch
 import torch.distributed as dist
 
 from reprogate.errors import UserError
-
-# How long rank 0 may take to finish after another rank failed, before it is stopped too (a
-# rank 0 blocked in a collective on the failed rank would otherwise wait forever).
-RANK0_GRACE_S = 5.0
+from reprogate.pause import PIDS_ENV
 
 
-def launch(root: Path, argv: list[str], processes: int, spec_path: Path) -> str:
-    """Run `reprogate <argv>` as `processes` ranks and wait for all of them. Rank 0 speaks for
-    the run (its output is this process's); a rank that fails stops the others."""
-    with socket.socket() as s:  # a free port for the ranks' rendezvous
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs: list[subprocess.Popen] = []
-    with contextlib.ExitStack() as stack:
-        logs = [None] + [stack.enter_context(tempfile.TemporaryFile()) for _ in range(processes - 1)]
+def launch(root: Path, argv: list[str], processes: int, spec_path: Path, max_restarts: int = 0) -> str:
+    """Run `reprogate <argv>` as `processes` ranks under the elastic agent and wait. Rank 0
+    speaks for the run (its output is this process's); the others' goes to files, and the last
+    line of a failed one is the error."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("torch.distributed.elastic"):  # its own lines would repeat ours
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    # All ranks are on this machine: gloo over loopback, not whatever the hostname resolves to.
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo0" if sys.platform == "darwin" else "lo")
+    # A store of its own for every attempt: on the rendezvous store shared across restarts (the
+    # default), a restarted group's gloo ranks read the dead attempt's addresses and time out.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    with tempfile.TemporaryDirectory(prefix="reprogate-ranks-") as logs:
+        config = LaunchConfig(
+            min_nodes=1,
+            max_nodes=1,
+            nproc_per_node=processes,
+            run_id=uuid.uuid4().hex,
+            rdzv_backend="c10d",
+            rdzv_endpoint="127.0.0.1:0",
+            local_addr="127.0.0.1",
+            max_restarts=max_restarts,
+            monitor_interval=0.1,
+            # Rank 0 to the console and a file (tee), the others to files only.
+            logs_specs=DefaultLogsSpecs(
+                log_dir=logs, redirects={r: Std.ALL for r in range(1, processes)}, tee={0: Std.ALL}
+            ),
+            shutdown_timeout=5,
+        )
         try:
-            for rank in range(processes):
-                env = dict(
-                    os.environ,
-                    RANK=str(rank),
-                    LOCAL_RANK=str(rank),
-                    WORLD_SIZE=str(processes),
-                    LOCAL_WORLD_SIZE=str(processes),
-                    MASTER_ADDR="127.0.0.1",
-                    MASTER_PORT=str(port),
-                )
-                # All ranks are on this machine: gloo over loopback, not whatever the hostname
-                # resolves to (a container's may not be reachable).
-                env.setdefault("GLOO_SOCKET_IFNAME", "lo0" if sys.platform == "darwin" else "lo")
-                cmd = [sys.executable, "-m", "reprogate.cli", *argv]
-                procs.append(subprocess.Popen(cmd, cwd=root, env=env, stdout=logs[rank], stderr=logs[rank]))
-            while True:
-                codes = [p.poll() for p in procs]
-                failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
-                if failed or all(c == 0 for c in codes):
-                    break
-                time.sleep(0.1)
-            if failed and failed[0] != 0:
-                # Ranks that stop together (over budget, say) fail within moments of each other:
-                # rank 0's own message is the run's, so it gets a moment to finish and say it,
-                # rather than a race deciding whose words the user reads (or reads twice).
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    procs[0].wait(timeout=RANK0_GRACE_S)
-                codes = [p.poll() for p in procs]
-                failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
-        finally:
-            for p in procs:
-                if p.poll() is None:  # the others would wait on a failed rank forever
-                    p.send_signal(signal.SIGKILL)
-                    p.wait()
-        if not failed:
+            elastic_launch(config, sys.executable)("-m", "reprogate.cli", *argv)
             return ""  # rank 0 printed the run's summary
-        rank = failed[0]
-        if rank == 0:
-            raise SystemExit(codes[0])  # rank 0 has said why, as a single process would
-        logs[rank].seek(0)
-        said = logs[rank].read().decode(errors="replace").strip().splitlines()
+        except ChildFailedError as e:
+            failures = e.failures
+            if 0 in failures and failures[0].exitcode > 0:
+                raise SystemExit(failures[0].exitcode) from None  # rank 0 has said why
+            rank = min(failures, key=lambda r: failures[r].timestamp)
+            code = failures[rank].exitcode
+            said = _last_line(Path(logs), rank)
+            # Ranks that stop together (over budget, say) say the same; rank 0 has said it.
+            if said and any(
+                said in p.read_text(errors="replace") for p in Path(logs).glob("*/attempt_*/0/stderr.log")
+            ):
+                raise SystemExit(code if code > 0 else 1) from None
     raise UserError(
-        f"{spec_path}: training process {rank} of {processes} failed (exit {codes[rank]})"
-        + (f": {said[-1]}" if said else "")
-        + "; the others were stopped. The last committed checkpoint is kept for the next run."
+        f"{spec_path}: training process {rank} of {processes} failed (exit {code})"
+        + (f": {said}" if said else "")
+        + f" after {max_restarts} restart(s); the others were stopped. The last committed "
+        "checkpoint is kept for the next run."
     )
+
+
+def _last_line(logs: Path, rank: int) -> str:
+    """The last line rank `rank` wrote in its last attempt (the agent keeps one folder each)."""
+    attempts = sorted(logs.glob(f"*/attempt_*/{rank}/stderr.log"), key=lambda p: int(p.parts[-3][8:]))
+    for path in reversed(attempts):
+        lines = path.read_text(errors="replace").strip().splitlines()
+        if lines:
+            return lines[-1]
+    return ""
+
+
+def record_pid(rank: int) -> None:
+    if folder := os.environ.get(PIDS_ENV):
+        Path(folder, f"rank{rank}.pid").write_text(str(os.getpid()))
 
 
 def init(device: torch.device) -> None:
     """Join the process group of this launch (environment from `launch` or torchrun)."""
+    record_pid(int(os.environ.get("RANK", "0")))
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
 
 

@@ -8,13 +8,27 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 PAUSE_ENV = "REPROGATE_PAUSE_AT"
+# Only this rank stops, and only in the worker group's first attempt: a group the elastic agent
+# restarts after the kill runs through.
+PAUSE_RANK_ENV = "REPROGATE_PAUSE_RANK"
+# Where each rank writes its process id (and `rankN.paused` once stopped): the elastic agent
+# starts every worker in a session of its own, so a supervisor kills them by id.
+PIDS_ENV = "REPROGATE_RANK_PIDS"
 
 
 def pause_if(where: str) -> None:
     """Stop at `where` when REPROGATE_PAUSE_AT names it, after saying so on stdout."""
-    if os.environ.get(PAUSE_ENV) == where:
-        print(f"REPROGATE-PAUSED {where}", flush=True)
-        while True:
-            signal.pause()
+    if os.environ.get(PAUSE_ENV) != where:
+        return
+    rank = os.environ.get("RANK", "0")
+    only = os.environ.get(PAUSE_RANK_ENV)
+    if only is not None and (rank != only or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"):
+        return
+    print(f"REPROGATE-PAUSED {where}", flush=True)
+    if folder := os.environ.get(PIDS_ENV):
+        Path(folder, f"rank{rank}.paused").write_text(where)
+    while True:
+        signal.pause()

@@ -208,6 +208,14 @@ class ModelSpec(Strict):
         "gradients are averaged across them; on CUDA each uses its own GPU. Changes what training "
         "computes: a checkpoint resumes only with the same number.",
     )
+    max_restarts: int = Field(
+        0,
+        ge=0,
+        le=100,
+        description="With processes > 1: how often PyTorch's elastic agent restarts the worker group "
+        "after a rank fails; each restart resumes from the last committed checkpoint. Past it the "
+        "run stops with the failed rank's last line.",
+    )
     seed: int = 0
     micro_batch: PosInt = 32
     grad_accum: PosInt = 1
@@ -270,7 +278,7 @@ class ModelSpec(Strict):
 # Model spec fields that do not change what training computes. A run stopped by its budget
 # resumes from its checkpoint once the budget is raised; a new checkpoint interval keeps the
 # checkpoints already written.
-NOT_IN_TRAINING = {"description", "checkpoint", "budget", "resume_check"}
+NOT_IN_TRAINING = {"description", "checkpoint", "budget", "resume_check", "max_restarts"}
 
 
 def training_hash(spec: ModelSpec) -> str:

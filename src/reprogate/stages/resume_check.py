@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ import yaml
 from reprogate import checkpoint, paths
 from reprogate.errors import UserError
 from reprogate.headline import ResumeMetrics
-from reprogate.pause import PAUSE_ENV
+from reprogate.pause import PAUSE_ENV, PIDS_ENV
 from reprogate.pipeline import Context, Result
 from reprogate.records import ResumeRecord, write
 from reprogate.specs import ModelSpec, Pipeline, load_spec
@@ -82,32 +83,37 @@ def run_child(
     if pause_at:
         env[PAUSE_ENV] = pause_at
     log_path = work.parent / f"{work.name}.log"
-    with open(log_path, "ab") as log:
-        # Its own process group: a spec with `processes` > 1 runs ranks under it, killed together.
+    with open(log_path, "ab") as log, tempfile.TemporaryDirectory(prefix="reprogate-pids-") as pids:
+        env[PIDS_ENV] = pids
+        # Its own process group; ranks under the elastic agent each have a session of their own
+        # and are killed by the process ids they wrote, right after the agent (no restart).
         proc = subprocess.Popen(
             cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=log, start_new_session=True
         )
         try:
-            return _supervise(proc, pause_at, log_path, timeout)
+            return _supervise(proc, pause_at, log_path, timeout, Path(pids))
         finally:
-            _kill_group(proc)
+            _kill_group(proc, Path(pids))
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen, pids: Path) -> None:
     if proc.poll() is None:  # once reaped, its pid (and group id) may belong to someone else
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+    for f in sorted(pids.glob("rank*.pid")):
+        with contextlib.suppress(ProcessLookupError, ValueError, PermissionError):
+            os.killpg(int(f.read_text()), signal.SIGKILL)  # each worker leads its own session
     proc.wait()
 
 
 def _supervise(
-    proc: subprocess.Popen, pause_at: str | None, log_path: Path, timeout: float
+    proc: subprocess.Popen, pause_at: str | None, log_path: Path, timeout: float, pids: Path
 ) -> dict[str, Any]:
     assert proc.stdout is not None
     if pause_at:
         for line in proc.stdout:
             if line.startswith(b"REPROGATE-PAUSED"):
-                _kill_group(proc)
+                _kill_group(proc, pids)
                 return {"killed": True, "at": pause_at, "returncode": proc.returncode}
         proc.wait()
         raise UserError(

@@ -28,7 +28,7 @@ from reprogate.plan import BudgetWatchdog, Plan, check_budget, measure
 from reprogate.records import Fingerprint, TrainRecord, train_key, write
 from reprogate.runlog import UpdateLog, peak_rss_gb
 from reprogate.runtime import device_peak_gb, rank_and_world
-from reprogate.specs import Pipeline
+from reprogate.specs import ModelSpec, Pipeline, load_spec
 from reprogate.trainer import Trainer
 from reprogate.training import Paths, Setup, processes_to_launch, validation_accuracy
 
@@ -169,7 +169,13 @@ def run(ctx: Context) -> Result:
         argv = ["stage", "train", ctx.model, "--spec", str(paths.spec)]
         argv += [f"--{k}-dir={v}" for k, v in (("run", ctx.run_dir), ("work", ctx.work_dir)) if v]
         return Result(
-            distributed.launch(ctx.root, argv + ["--skip-plan"] * ctx.skip_plan, processes, paths.spec)
+            distributed.launch(
+                ctx.root,
+                argv + ["--skip-plan"] * ctx.skip_plan,
+                processes,
+                paths.spec,
+                load_spec(paths.spec, ModelSpec).max_restarts,
+            )
         )
     m = train(ctx.root, paths, ctx.skip_plan, ctx.log)
     # Everything but the tracked record is telemetry (rank > 0 returns {"rank": r}, logs nothing).

@@ -1,0 +1,70 @@
+"""Several ranks under PyTorch's elastic agent: a killed rank is restarted by the agent (with the
+whole worker group, from the last committed checkpoint) and the run ends bitwise where an
+uninterrupted one does."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from reprogate.pause import PAUSE_ENV, PAUSE_RANK_ENV, PIDS_ENV
+from reprogate.stages import resume_check
+from tests.conftest import TINY_NGRAM, make_home_project, write_model_spec
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    root = make_home_project(tmp_path_factory.mktemp("elastic"))
+    write_model_spec(root, "ranks", dict(TINY_NGRAM, processes=2, max_restarts=1))
+    return root
+
+
+def _train(root: Path, work: Path, env: dict[str, str]) -> subprocess.Popen:
+    cmd = [
+        sys.executable,
+        "-m",
+        "reprogate.cli",
+        "stage",
+        "train",
+        "ranks",
+        "--work-dir",
+        str(work),
+        "--skip-plan",
+    ]
+    return subprocess.Popen(
+        cmd, cwd=root, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+@pytest.mark.parametrize(("rank", "kill_at"), [(1, "step:5"), (0, "step:7")])
+def test_a_killed_rank_is_restarted_by_the_agent_and_resumes_bitwise(project, tmp_path, rank, kill_at):
+    reference = tmp_path / "reference"
+    proc = _train(project, reference, {})
+    assert proc.wait(timeout=300) == 0, proc.stderr.read()
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    env = {PAUSE_ENV: kill_at, PAUSE_RANK_ENV: str(rank), PIDS_ENV: str(pids)}
+    killed = tmp_path / "killed"
+    proc = _train(project, killed, env)
+    try:
+        deadline = time.monotonic() + 120
+        while not (pids / f"rank{rank}.paused").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.05)
+        os.kill(int((pids / f"rank{rank}.pid").read_text()), signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert out.count("train: ranks: 12 steps") == 1
+    fields = resume_check.compare(
+        resume_check.final_checkpoint(reference), resume_check.final_checkpoint(killed), tolerance=0.0
+    )
+    assert {k: f["verdict"] for k, f in fields.items()} == {k: "pass" for k in fields}
