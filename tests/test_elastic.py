@@ -42,11 +42,19 @@ def _train(root: Path, work: Path, env: dict[str, str]) -> subprocess.Popen:
     )
 
 
-@pytest.mark.parametrize(("rank", "kill_at"), [(1, "step:5"), (0, "step:7")])
-def test_a_killed_rank_is_restarted_by_the_agent_and_resumes_bitwise(project, tmp_path, rank, kill_at):
-    reference = tmp_path / "reference"
-    proc = _train(project, reference, {})
+@pytest.fixture(scope="module")
+def reference(project, tmp_path_factory) -> Path:
+    """An uninterrupted run of the same spec in 2 ranks."""
+    work = tmp_path_factory.mktemp("reference") / "work"
+    proc = _train(project, work, {})
     assert proc.wait(timeout=300) == 0, proc.stderr.read()
+    return work
+
+
+@pytest.mark.parametrize(("rank", "kill_at"), [(1, "step:5"), (0, "step:7")])
+def test_a_killed_rank_is_restarted_by_the_agent_and_resumes_bitwise(
+    project, reference, tmp_path, rank, kill_at
+):
     pids = tmp_path / "pids"
     pids.mkdir()
     env = {PAUSE_ENV: kill_at, PAUSE_RANK_ENV: str(rank), PIDS_ENV: str(pids)}
