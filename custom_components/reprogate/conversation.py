@@ -41,11 +41,9 @@ class ReprogateAgent(conversation.ConversationEntity):
     prefer_local_intents). No CONTROL feature: with it, the pipeline would keep only
     HassGetState of the local intents and send every command here."""
 
-    _attr_has_entity_name = True
-    _attr_name = None
-
     def __init__(self, entry: ConfigEntry) -> None:
         self.entry = entry
+        self._attr_name = entry.title  # how the pipeline's agent list shows it
         self._attr_unique_id = entry.entry_id
         self._attr_extra_state_attributes = {}
         self._call_ms: float | None = None
