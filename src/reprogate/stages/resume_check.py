@@ -87,9 +87,7 @@ def run_child(
         env[PIDS_ENV] = pids
         # Its own process group; ranks under the elastic agent each have a session of their own
         # and are killed by the process ids they wrote, right after the agent (no restart).
-        proc = subprocess.Popen(
-            cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=log, start_new_session=True
-        )
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=log, start_new_session=True)
         try:
             return _supervise(proc, pause_at, log_path, timeout, Path(pids))
         finally:
@@ -109,22 +107,31 @@ def _kill_group(proc: subprocess.Popen, pids: Path) -> None:
 def _supervise(
     proc: subprocess.Popen, pause_at: str | None, log_path: Path, timeout: float, pids: Path
 ) -> dict[str, Any]:
-    assert proc.stdout is not None
+    """Wait for the child; with `pause_at`, kill it once rank 0 stops there. Rank 0 says so by a
+    file beside its process id, not on stdout: under the elastic agent its output reaches this
+    process through the agent, buffered."""
+    deadline = time.monotonic() + timeout
+    paused = pids / "rank0.paused"
+    while proc.poll() is None:
+        if pause_at and paused.exists():
+            _kill_group(proc, pids)
+            return {"killed": True, "at": pause_at, "returncode": proc.returncode}
+        if time.monotonic() > deadline:
+            _kill_group(proc, pids)
+            raise UserError(
+                f"resume_check: the training child did not finish within {timeout:g} s; it said: "
+                f"{_last_line(log_path)} (whole log: {log_path})"
+            )
+        time.sleep(0.02)
     if pause_at:
-        for line in proc.stdout:
-            if line.startswith(b"REPROGATE-PAUSED"):
-                _kill_group(proc, pids)
-                return {"killed": True, "at": pause_at, "returncode": proc.returncode}
-        proc.wait()
         raise UserError(
             f"resume_check: the training run ended (exit {proc.returncode}) before reaching "
             f"the kill point {pause_at}; it said: {_last_line(log_path)} (whole log: {log_path})"
         )
-    out = proc.communicate(timeout=timeout)[0]
     if proc.returncode != 0:
         raise UserError(
             f"resume_check: training child failed (exit {proc.returncode}); it said: "
-            f"{_last_line(log_path)} (whole log: {log_path})\n{out.decode(errors='replace')}"
+            f"{_last_line(log_path)} (whole log: {log_path})"
         )
     return {"killed": False, "returncode": 0}
 
