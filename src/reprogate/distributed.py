@@ -12,6 +12,7 @@ one. gloo on CPU, NCCL on CUDA. With one process nothing here runs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -61,7 +62,9 @@ def launch(root: Path, argv: list[str], processes: int, spec_path: Path, max_res
             shutdown_timeout=5,
         )
         try:
-            elastic_launch(config, sys.executable)("-m", "reprogate.cli", *argv)
+            # The agent starts workers in its own folder: the project's, as `root` says.
+            with contextlib.chdir(root):
+                elastic_launch(config, sys.executable)("-m", "reprogate.cli", *argv)
             return ""  # rank 0 printed the run's summary
         except ChildFailedError as e:
             failures = e.failures
