@@ -1,9 +1,10 @@
-"""Several ranks under PyTorch's elastic agent: a killed rank is restarted by the agent (with the
-whole worker group, from the last committed checkpoint) and the run ends bitwise where an
-uninterrupted one does."""
+"""Several ranks under PyTorch's elastic agent and under Ray Train: a killed rank is restarted by
+the engine (with the whole worker group, from the last committed checkpoint) and the run ends
+bitwise where an uninterrupted one under the elastic agent does."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -22,17 +23,18 @@ from tests.conftest import TINY_NGRAM, make_home_project, write_model_spec
 def project(tmp_path_factory) -> Path:
     root = make_home_project(tmp_path_factory.mktemp("elastic"))
     write_model_spec(root, "ranks", dict(TINY_NGRAM, processes=2, max_restarts=1))
+    write_model_spec(root, "rays", dict(TINY_NGRAM, processes=2, max_restarts=1, executor="ray"))
     return root
 
 
-def _train(root: Path, work: Path, env: dict[str, str]) -> subprocess.Popen:
+def _train(root: Path, work: Path, env: dict[str, str], name: str = "ranks") -> subprocess.Popen:
     cmd = [
         sys.executable,
         "-m",
         "reprogate.cli",
         "stage",
         "train",
-        "ranks",
+        name,
         "--work-dir",
         str(work),
         "--skip-plan",
@@ -51,15 +53,19 @@ def reference(project, tmp_path_factory) -> Path:
     return work
 
 
-@pytest.mark.parametrize(("rank", "kill_at"), [(1, "step:5"), (0, "step:7")])
-def test_a_killed_rank_is_restarted_by_the_agent_and_resumes_bitwise(
-    project, reference, tmp_path, rank, kill_at
+@pytest.mark.parametrize(
+    ("engine", "rank", "kill_at", "restored"),
+    [("ranks", 1, "step:5", 3), ("ranks", 0, "step:7", 6), ("rays", 1, "step:7", 6)],
+    ids=["elastic-rank1", "elastic-rank0", "ray-rank1"],
+)
+def test_a_killed_rank_is_restarted_by_the_engine_and_resumes_bitwise(
+    project, reference, tmp_path, engine, rank, kill_at, restored
 ):
     pids = tmp_path / "pids"
     pids.mkdir()
     env = {PAUSE_ENV: kill_at, PAUSE_RANK_ENV: str(rank), PIDS_ENV: str(pids)}
     killed = tmp_path / "killed"
-    proc = _train(project, killed, env)
+    proc = _train(project, killed, env, engine)
     try:
         deadline = time.monotonic() + 120
         while not (pids / f"rank{rank}.paused").exists():
@@ -71,7 +77,9 @@ def test_a_killed_rank_is_restarted_by_the_agent_and_resumes_bitwise(
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err
-    assert out.count("train: ranks: 12 steps") == 1
+    assert out.count(f"train: {engine}: 12 steps") == 1
+    run = json.loads((killed / "run.jsonl").read_text().splitlines()[-1])["telemetry"]
+    assert (run["restarts"], run["resumed_from_step"]) == (1, restored)
     fields = resume_check.compare(
         resume_check.final_checkpoint(reference), resume_check.final_checkpoint(killed), tolerance=0.0
     )

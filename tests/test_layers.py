@@ -18,8 +18,8 @@ LAYERS = {
     ],
     "specs": ["specs", "records", "headline", "runlog", "registry_tables"],
     "core": [
-        "runtime", "models", "data", "tables", "fetch", "checkpoint", "distributed", "trainer", "plan",
-        "training", "model_folder",
+        "runtime", "models", "data", "tables", "fetch", "checkpoint", "distributed", "ray_engine",
+        "trainer", "plan", "training", "model_folder",
     ],
     "domain": ["calibration", "production", "pipeline"],
     "stages": ["stages"],

@@ -155,22 +155,28 @@ def candidates(ckpt_dir: Path) -> list[Path]:
     return found
 
 
+def load_checked(path: Path, fingerprint: dict[str, Any], log: Callable[[str], None]) -> Checkpoint | None:
+    """The checkpoint at `path` if it verifies and belongs to this run, else None (said why)."""
+    try:
+        ckpt = read(path)
+    except (ValueError, OSError, json.JSONDecodeError) as e:
+        log(f"checkpoint {path} refused: {e}; trying the previous one")
+        return None
+    wrong = [k for k in MUST_MATCH if ckpt.fingerprint.get(k) != fingerprint.get(k)]
+    if wrong:
+        detail = ", ".join(
+            f"{k} {str(ckpt.fingerprint.get(k))[:12]} != {str(fingerprint.get(k))[:12]}" for k in wrong
+        )
+        log(f"checkpoint {path} refused: it belongs to another run ({detail}); trying the previous one")
+        return None
+    return ckpt
+
+
 def load_latest(ckpt_dir: Path, fingerprint: dict[str, Any], log: Callable[[str], None]) -> Checkpoint | None:
     """The newest checkpoint that verifies and belongs to this run, or None."""
     for path in candidates(ckpt_dir):
-        try:
-            ckpt = read(path)
-        except (ValueError, OSError, json.JSONDecodeError) as e:
-            log(f"checkpoint {path} refused: {e}; trying the previous one")
-            continue
-        wrong = [k for k in MUST_MATCH if ckpt.fingerprint.get(k) != fingerprint.get(k)]
-        if wrong:
-            detail = ", ".join(
-                f"{k} {str(ckpt.fingerprint.get(k))[:12]} != {str(fingerprint.get(k))[:12]}" for k in wrong
-            )
-            log(f"checkpoint {path} refused: it belongs to another run ({detail}); trying the previous one")
-            continue
-        return ckpt
+        if (ckpt := load_checked(path, fingerprint, log)) is not None:
+            return ckpt
     return None
 
 
@@ -207,16 +213,21 @@ def resume_point(
 
 class Checkpointer:
     """Trainer callback: a checkpoint every `every` updates, and on demand (the final state,
-    a run stopped by its budget). Every rank gathers its state; rank 0 alone writes it."""
+    a run stopped by its budget). Every rank gathers its state; rank 0 alone writes it. Then
+    every rank calls `on_commit(folder or None, step)` (rank 0 gives the committed folder): how
+    an executor that keeps its own record of checkpoints (Ray Train) hears of it."""
 
-    def __init__(self, ckpt_dir: Path, every: int, keep: int, fingerprint: dict[str, Any], rank: int):
-        self.dir, self.every, self.keep, self.fingerprint, self.rank = (
-            ckpt_dir,
-            every,
-            keep,
-            fingerprint,
-            rank,
-        )
+    def __init__(
+        self,
+        ckpt_dir: Path,
+        every: int,
+        keep: int,
+        fingerprint: dict[str, Any],
+        rank: int,
+        on_commit: Callable[[Path | None, int], None] | None = None,
+    ):
+        self.dir, self.every, self.keep = ckpt_dir, every, keep
+        self.fingerprint, self.rank, self.on_commit = fingerprint, rank, on_commit
         self.seconds = 0.0  # spent writing, for the run log's checkpoint_share
         self.saved_step: int | None = None
 
@@ -224,8 +235,9 @@ class Checkpointer:
         started = time.perf_counter()
         step = self.saved_step = trainer.progress.global_step
         tensors, meta = trainer.state()
+        committed = None
         if self.rank == 0:  # state() gathered the other ranks' RNG and positions
-            save(
+            committed = save(
                 self.dir,
                 step,
                 tensors,
@@ -234,6 +246,8 @@ class Checkpointer:
                 self.keep,
                 hook=lambda phase: pause_if(f"ckpt:{step}:{phase}"),
             )
+        if self.on_commit is not None:
+            self.on_commit(committed, step)
         self.seconds += time.perf_counter() - started
 
     def ensure_saved(self, trainer) -> None:

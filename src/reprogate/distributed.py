@@ -1,7 +1,8 @@
 """Training in several processes (ranks): launched by PyTorch's elastic agent, gradient sync,
 state gathering.
 
-A spec with `processes: N` makes `reprogate stage train` run N copies of itself under
+A spec with `processes: N` (and `executor: torch`, the default; Ray's is ray_engine.py) makes
+`reprogate stage train` run N copies of itself under
 `torch.distributed.launcher.api.elastic_launch`: c10d rendezvous on loopback, process
 supervision and restarts (`max_restarts`) are PyTorch's. A launch by `torchrun` itself, on one
 machine or several, works the same. The ranks average their gradients with an all-reduce after
@@ -102,9 +103,11 @@ def record_pid(rank: int) -> None:
 
 
 def init(device: torch.device) -> None:
-    """Join the process group of this launch (environment from `launch` or torchrun)."""
+    """Join the process group of this launch (environment from `launch` or torchrun); a Ray
+    Train worker is in its group already."""
     record_pid(int(os.environ.get("RANK", "0")))
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
 
 
 def close() -> None:

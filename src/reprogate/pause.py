@@ -17,6 +17,14 @@ PAUSE_RANK_ENV = "REPROGATE_PAUSE_RANK"
 # Where each rank writes its process id (and `rankN.paused` once stopped): the elastic agent
 # starts every worker in a session of its own, so a supervisor kills them by id.
 PIDS_ENV = "REPROGATE_RANK_PIDS"
+# The worker group's attempt under Ray Train (0 first), set by ray_engine in each worker as the
+# elastic agent sets TORCHELASTIC_RESTART_COUNT.
+ATTEMPT_ENV = "REPROGATE_ATTEMPT"
+
+
+def attempt() -> int:
+    """How often the executor has restarted this run's worker group (0: the first attempt)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get(ATTEMPT_ENV) or 0)
 
 
 def pause_if(where: str) -> None:
@@ -25,7 +33,7 @@ def pause_if(where: str) -> None:
         return
     rank = os.environ.get("RANK", "0")
     only = os.environ.get(PAUSE_RANK_ENV)
-    if only is not None and (rank != only or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"):
+    if only is not None and (rank != only or attempt() != 0):
         return
     print(f"REPROGATE-PAUSED {where}", flush=True)
     if folder := os.environ.get(PIDS_ENV):

@@ -134,6 +134,13 @@ class ResumeCheckConfig(Strict):
     steps: PosInt = 20
     checkpoint_every: PosInt = 5
     kill_after: PosInt = 7
+    kill_rank: int | None = Field(
+        None,
+        ge=0,
+        description="With processes > 1: SIGKILL only this rank after update kill_after and let the "
+        "engine (elastic agent or Ray Train) restart the worker group by itself; without it every "
+        "process is killed and the run is started again.",
+    )
 
     @model_validator(mode="after")
     def _fits(self) -> ResumeCheckConfig:
@@ -148,6 +155,17 @@ class ResumeCheckConfig(Strict):
                 f"({self.kill_after}), or no checkpoint exists when the run is killed"
             )
         return self
+
+
+class RayConfig(Strict):
+    address: str | None = Field(
+        None,
+        description="A running Ray cluster to join (`ray start`, KubeRay): HOST:PORT of its GCS, or "
+        "ray://HOST:PORT. Without it, RAY_ADDRESS; without that, a Ray of this run alone on loopback.",
+    )
+    connect_timeout_s: float = Field(
+        20.0, gt=0, le=600, description="How long to wait for ray.address to answer."
+    )
 
 
 class NeighboursConfig(Strict):
@@ -212,10 +230,17 @@ class ModelSpec(Strict):
         0,
         ge=0,
         le=100,
-        description="With processes > 1: how often PyTorch's elastic agent restarts the worker group "
-        "after a rank fails; each restart resumes from the last committed checkpoint. Past it the "
-        "run stops with the failed rank's last line.",
+        description="How often the executor restarts the worker group after a rank fails (the "
+        "elastic agent's max_restarts, Ray's FailureConfig.max_failures); each restart resumes "
+        "from the last committed checkpoint. Past it the run stops with the failed rank's last line.",
     )
+    executor: Literal["torch", "ray"] = Field(
+        "torch",
+        description="What runs the ranks: PyTorch's elastic agent (torch; on several machines via "
+        "torchrun --nnodes) or Ray Train's TorchTrainer workers (ray). The same loop and "
+        "checkpoints: the trained state is the same.",
+    )
+    ray: RayConfig = RayConfig()
     seed: int = 0
     micro_batch: PosInt = 32
     grad_accum: PosInt = 1
@@ -232,8 +257,10 @@ class ModelSpec(Strict):
     @model_validator(mode="after")
     def _rules(self) -> ModelSpec:
         if self.family == "ensemble":
-            if self.processes != 1:
-                raise ValueError("processes applies to training; an ensemble is combined, not trained")
+            if self.processes != 1 or self.executor != "torch":
+                raise ValueError(
+                    "processes and executor apply to training; an ensemble is combined, not trained"
+                )
             return self._ensemble_rules()
         if self.processes > 1 and self.device == "mps":
             raise ValueError(
@@ -242,6 +269,14 @@ class ModelSpec(Strict):
             )
         if self.ensemble is not None:
             raise ValueError(f"family is '{self.family}' but an 'ensemble' section is given; remove it")
+        if self.executor == "ray" and self.device == "mps":
+            raise ValueError("executor ray runs ranks on CPU or CUDA; device mps is not one of them")
+        kill = self.resume_check.kill_rank
+        if kill is not None and kill >= self.processes:
+            raise ValueError(
+                f"resume_check.kill_rank is {kill}, but the run has processes: {self.processes} "
+                f"(ranks 0 to {self.processes - 1}); use a rank below {self.processes}, or omit it"
+            )
         if (self.steps is None) == (self.epochs is None):
             raise ValueError(
                 "give exactly one of steps (optimizer updates) or epochs; "
@@ -277,8 +312,9 @@ class ModelSpec(Strict):
 
 # Model spec fields that do not change what training computes. A run stopped by its budget
 # resumes from its checkpoint once the budget is raised; a new checkpoint interval keeps the
-# checkpoints already written.
-NOT_IN_TRAINING = {"description", "checkpoint", "budget", "resume_check", "max_restarts"}
+# checkpoints already written. The executor runs the same loop with the same gloo/NCCL
+# all-reduce, so a run started under one resumes under the other.
+NOT_IN_TRAINING = {"description", "checkpoint", "budget", "resume_check", "max_restarts", "executor", "ray"}
 
 
 def training_hash(spec: ModelSpec) -> str:

@@ -10,19 +10,22 @@ runs/<m>/updates/<k>.jsonl  every update as it happened, a resumed run's repeats
 logs/train@<m>.jsonl   a line per run: wall time, examples/s, peak memory, device, projected vs
                        actual, resumed from (git-ignored telemetry, see runlog.py; written by
                        stages.run from this stage's Result)
-A spec with `processes: N` starts N ranks of this same command; rank 0 speaks for the run.
+A spec with `processes: N` starts N ranks of this same command under the elastic agent, or,
+with `executor: ray`, runs `train` on N Ray Train workers; rank 0 speaks for the run.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from reprogate import checkpoint, distributed
+from reprogate import checkpoint, distributed, ray_engine
 from reprogate.model_folder import TRAIN_FILES, export_trained
 from reprogate.paths import update_log
+from reprogate.pause import attempt
 from reprogate.pipeline import Context, Result
 from reprogate.plan import BudgetWatchdog, Plan, check_budget, measure
 from reprogate.records import Fingerprint, TrainRecord, train_key, write
@@ -62,10 +65,15 @@ def _plan(setup: Setup, world: int, log) -> Plan:
 
 def _resume(setup: Setup, trainer: Trainer, rank: int, log) -> tuple[int | None, dict]:
     """Restore the last committed checkpoint of this run, if any: (step resumed from, what
-    changed in the environment since it was written)."""
+    changed in the environment since it was written). A worker group Ray Train restarted
+    takes the newer of the checkpoint Ray holds and the run folder's: Ray hears of a commit
+    when its controller next polls, so its record can be one behind."""
     ckpt = checkpoint.resume_point(
         setup.paths.run / "checkpoints", setup.fingerprint, setup.total_steps, rank, log
     )
+    held = ray_engine.restored(setup.fingerprint, log) if ray_engine.in_worker() else None
+    if held is not None and (ckpt is None or _step(held) > _step(ckpt)):
+        ckpt = held
     if ckpt is None:
         return None, {}
     trainer.restore(ckpt)
@@ -74,6 +82,10 @@ def _resume(setup: Setup, trainer: Trainer, rank: int, log) -> tuple[int | None,
         log(f"warning: resuming under a changed environment (recorded in the run log): {changes}")
     log(f"resuming from {ckpt.path} (step {trainer.progress.global_step} of {setup.total_steps})")
     return trainer.progress.global_step, changes
+
+
+def _step(ckpt: checkpoint.Checkpoint) -> int:
+    return ckpt.meta["trainer"]["global_step"]
 
 
 def train(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[str, Any]:
@@ -93,7 +105,10 @@ def train(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[s
     if world > 1:
         distributed.barrier()  # every rank has read the checkpoint before rank 0 writes the next
     every, keep = setup.spec.checkpoint.every_steps, setup.spec.checkpoint.keep
-    saver = checkpoint.Checkpointer(paths.run / "checkpoints", every, keep, setup.fingerprint, rank)
+    on_commit = ray_engine.report if ray_engine.in_worker() else None
+    saver = checkpoint.Checkpointer(
+        paths.run / "checkpoints", every, keep, setup.fingerprint, rank, on_commit
+    )
     watchdog = BudgetWatchdog(setup.spec, paths.spec, paths.name, plan, setup.device, since, saver, log)
 
     fingerprint = Fingerprint(**setup.fingerprint, total_steps=setup.total_steps)
@@ -138,6 +153,7 @@ def _record(paths: Paths, setup: Setup, trainer: Trainer, timing, val_acc, plan,
         "device": str(setup.device),
         "processes": trainer.world,
         "resumed_from_step": resumed,
+        "restarts": attempt(),  # by the executor, within this launch
         "environment_changes": changes,
         "projected": plan.as_dict() if plan else None,
         "train_key": timing["key"],
@@ -162,22 +178,25 @@ def summary(name: str, m: dict[str, Any]) -> str:
     )
 
 
+def _rank(root: Path, paths: Paths, skip_plan: bool) -> dict[str, Any]:
+    """One Ray Train worker's share of the run (ray_engine calls it in every worker, which Ray
+    starts in a folder of its own)."""
+    os.chdir(root)
+    return train(root, paths, skip_plan)
+
+
 def run(ctx: Context) -> Result:
     paths = Paths.for_model(ctx.root, ctx.model, ctx.spec, ctx.run_dir, ctx.work_dir)
-    processes = processes_to_launch(paths)
-    if processes:  # this process starts the ranks, each of which runs this same command
-        argv = ["stage", "train", ctx.model, "--spec", str(paths.spec)]
+    spec = load_spec(paths.spec, ModelSpec)
+    if spec.executor == "ray":
+        m = ray_engine.launch(spec, paths.spec, paths.run, _rank, (ctx.root.resolve(), paths, ctx.skip_plan))
+    elif processes := processes_to_launch(paths):  # this process starts the ranks, each of which
+        argv = ["stage", "train", ctx.model, "--spec", str(paths.spec)]  # runs this same command
         argv += [f"--{k}-dir={v}" for k, v in (("run", ctx.run_dir), ("work", ctx.work_dir)) if v]
-        return Result(
-            distributed.launch(
-                ctx.root,
-                argv + ["--skip-plan"] * ctx.skip_plan,
-                processes,
-                paths.spec,
-                load_spec(paths.spec, ModelSpec).max_restarts,
-            )
-        )
-    m = train(ctx.root, paths, ctx.skip_plan, ctx.log)
+        argv += ["--skip-plan"] * ctx.skip_plan
+        return Result(distributed.launch(ctx.root, argv, processes, paths.spec, spec.max_restarts))
+    else:
+        m = train(ctx.root, paths, ctx.skip_plan, ctx.log)
     # Everything but the tracked record is telemetry (rank > 0 returns {"rank": r}, logs nothing).
     return Result(
         summary(ctx.model, m), telemetry={k: v for k, v in m.items() if k not in TrainRecord.model_fields}
