@@ -91,11 +91,24 @@ class EvalMetrics(Record):
 class ResumeMetrics(Record):
     passed: bool | None
     failed_fields: int  # of the fields compared (model, optimizer, RNG, ...): 0 when it passed
+    engine: str | None = None
+    killed_rank: int | None = None
+    restored_step: int | None = None
+    restarts: int | None = None
+    cause: str | None = None
 
     @classmethod
     def of(cls, r: ResumeRecord) -> ResumeMetrics:
         failed = sum(f.verdict == "fail" for f in (r.fields or {}).values())
-        return cls(passed=r.passed, failed_fields=failed)
+        return cls(
+            passed=r.passed,
+            failed_fields=failed,
+            engine=r.engine,
+            killed_rank=r.killed_rank,
+            restored_step=r.restored_step,
+            restarts=r.restarts,
+            cause=r.cause,
+        )
 
 
 class GateMetrics(Record):

@@ -279,6 +279,10 @@ class ResumeRecord(Record):
     passed: bool | None = None
     device: str | None = None
     processes: int | None = None
+    engine: str | None = None  # in-process, torch-elastic or ray
+    killed_rank: int | None = None  # None: every process was killed, and the run started again
+    restarts: int | None = None  # worker-group restarts by the engine itself
+    cause: str | None = None
     tolerance: float | None = None
     steps: int | None = None
     checkpoint_every: int | None = None

@@ -272,6 +272,11 @@ class ModelSpec(Strict):
         if self.executor == "ray" and self.device == "mps":
             raise ValueError("executor ray runs ranks on CPU or CUDA; device mps is not one of them")
         kill = self.resume_check.kill_rank
+        if kill is not None and self.processes == 1 and self.executor == "torch":
+            raise ValueError(
+                "resume_check.kill_rank needs an engine that restarts a killed rank: processes > 1, "
+                "or executor ray; with one process of executor torch omit it (the whole run is killed)"
+            )
         if kill is not None and kill >= self.processes:
             raise ValueError(
                 f"resume_check.kill_rank is {kill}, but the run has processes: {self.processes} "

@@ -9,6 +9,9 @@
    committed checkpoint and runs to the end;
 4. the final full states of reference and resumed runs are compared field by field.
 On CPU the tolerance is zero: every tensor must be bitwise equal.
+With `resume_check.kill_rank`, step 2 kills only that rank and step 3 is the engine's own: the
+elastic agent or Ray Train restarts the worker group, which resumes by itself, and the same
+command runs to the end.
 """
 
 from __future__ import annotations
@@ -28,10 +31,10 @@ from typing import Any
 import torch
 import yaml
 
-from reprogate import checkpoint, paths
+from reprogate import checkpoint, paths, runlog
 from reprogate.errors import UserError
 from reprogate.headline import ResumeMetrics
-from reprogate.pause import PAUSE_ENV, PIDS_ENV
+from reprogate.pause import PAUSE_ENV, PAUSE_RANK_ENV, PIDS_ENV
 from reprogate.pipeline import Context, Result
 from reprogate.records import ResumeRecord, write
 from reprogate.specs import ModelSpec, Pipeline, load_spec
@@ -58,14 +61,23 @@ def derived_spec(spec: ModelSpec) -> dict[str, Any]:
     rc = spec.resume_check
     d = spec.model_dump(mode="json")
     d.update(steps=rc.steps, epochs=None)
+    if rc.kill_rank is not None:  # the engine must restart the killed rank at least once
+        d["max_restarts"] = max(1, spec.max_restarts)
     d["checkpoint"] = {"every_steps": rc.checkpoint_every, "keep": spec.checkpoint.keep}
     return d
 
 
 def run_child(
-    root: Path, name: str, spec_path: Path, work: Path, pause_at: str | None = None, timeout: float = 1800
+    root: Path,
+    name: str,
+    spec_path: Path,
+    work: Path,
+    pause_at: str | None = None,
+    timeout: float = 1800,
+    kill_rank: int | None = None,
 ) -> dict[str, Any]:
-    """Run the training entry point as a separate process; SIGKILL it at `pause_at`."""
+    """Run the training entry point as a separate process; SIGKILL it at `pause_at` (with
+    `kill_rank`, only that rank, and wait for the engine to finish the run)."""
     cmd = [
         sys.executable,
         "-m",
@@ -79,9 +91,11 @@ def run_child(
         str(work),
         "--skip-plan",
     ]
-    env = {k: v for k, v in os.environ.items() if k != PAUSE_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in (PAUSE_ENV, PAUSE_RANK_ENV)}
     if pause_at:
         env[PAUSE_ENV] = pause_at
+    if kill_rank is not None:
+        env[PAUSE_RANK_ENV] = str(kill_rank)
     log_path = work.parent / f"{work.name}.log"
     with open(log_path, "ab") as log, tempfile.TemporaryDirectory(prefix="reprogate-pids-") as pids:
         env[PIDS_ENV] = pids
@@ -89,7 +103,7 @@ def run_child(
         # and are killed by the process ids they wrote, right after the agent (no restart).
         proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=log, start_new_session=True)
         try:
-            return _supervise(proc, pause_at, log_path, timeout, Path(pids))
+            return _supervise(proc, pause_at, log_path, timeout, Path(pids), kill_rank)
         finally:
             _kill_group(proc, Path(pids))
 
@@ -105,17 +119,27 @@ def _kill_group(proc: subprocess.Popen, pids: Path) -> None:
 
 
 def _supervise(
-    proc: subprocess.Popen, pause_at: str | None, log_path: Path, timeout: float, pids: Path
+    proc: subprocess.Popen,
+    pause_at: str | None,
+    log_path: Path,
+    timeout: float,
+    pids: Path,
+    kill_rank: int | None = None,
 ) -> dict[str, Any]:
-    """Wait for the child; with `pause_at`, kill it once rank 0 stops there. Rank 0 says so by a
-    file beside its process id, not on stdout: under the elastic agent its output reaches this
-    process through the agent, buffered."""
+    """Wait for the child; with `pause_at`, kill it once rank 0 (or `kill_rank`) stops there.
+    A rank says so by a file beside its process id, not on stdout: under the elastic agent its
+    output reaches this process through the agent, buffered."""
     deadline = time.monotonic() + timeout
-    paused = pids / "rank0.paused"
+    paused = pids / f"rank{kill_rank or 0}.paused"
+    killed: dict[str, Any] | None = None
     while proc.poll() is None:
-        if pause_at and paused.exists():
-            _kill_group(proc, pids)
-            return {"killed": True, "at": pause_at, "returncode": proc.returncode}
+        if pause_at and killed is None and paused.exists():
+            if kill_rank is None:
+                _kill_group(proc, pids)
+                return {"killed": True, "at": pause_at, "returncode": proc.returncode}
+            pid = int((pids / f"rank{kill_rank}.pid").read_text())
+            os.kill(pid, signal.SIGKILL)
+            killed = {"killed": True, "at": pause_at, "rank": kill_rank, "pid": pid, "returncode": -9}
         if time.monotonic() > deadline:
             _kill_group(proc, pids)
             raise UserError(
@@ -123,17 +147,18 @@ def _supervise(
                 f"{_last_line(log_path)} (whole log: {log_path})"
             )
         time.sleep(0.02)
-    if pause_at:
+    if pause_at and killed is None:
         raise UserError(
             f"resume_check: the training run ended (exit {proc.returncode}) before reaching "
             f"the kill point {pause_at}; it said: {_last_line(log_path)} (whole log: {log_path})"
         )
     if proc.returncode != 0:
         raise UserError(
-            f"resume_check: training child failed (exit {proc.returncode}); it said: "
-            f"{_last_line(log_path)} (whole log: {log_path})"
+            f"resume_check: training child failed (exit {proc.returncode})"
+            + (f" after rank {kill_rank} was killed" if killed else "")
+            + f"; it said: {_last_line(log_path)} (whole log: {log_path})"
         )
-    return {"killed": False, "returncode": 0}
+    return killed or {"killed": False, "returncode": 0}
 
 
 def _last_line(log_path: Path) -> str:
@@ -203,15 +228,28 @@ def final_checkpoint(work: Path) -> checkpoint.Checkpoint:
     return checkpoint.read(found[0])
 
 
-def kill_and_resume(root: Path, name: str, spec_path: Path, work: Path, pause_at: str) -> dict[str, Any]:
+def kill_and_resume(
+    root: Path, name: str, spec_path: Path, work: Path, pause_at: str, kill_rank: int | None = None
+) -> dict[str, Any]:
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    killed = run_child(root, name, spec_path, work, pause_at=pause_at)
+    killed = run_child(root, name, spec_path, work, pause_at=pause_at, kill_rank=kill_rank)
+    if kill_rank is not None:  # the engine restarted the group and the run went on to the end
+        entries, _ = runlog.read(work / "run.jsonl")
+        told = entries[-1].telemetry if entries else {}
+        restarts = int(told.get("restarts") or 0)
+        return {"kill": killed, "restored_step": told.get("resumed_from_step") or 0, "restarts": restarts}
     committed = checkpoint.candidates(work / "checkpoints")
     restored = checkpoint.read(committed[0]).meta["trainer"]["global_step"] if committed else 0
     run_child(root, name, spec_path, work)
-    return {"kill": killed, "restored_step": restored}
+    return {"kill": killed, "restored_step": restored, "restarts": 0}
+
+
+def _engine(spec: ModelSpec) -> str:
+    if spec.executor == "ray":
+        return "ray"
+    return "torch-elastic" if spec.processes > 1 else "in-process"
 
 
 def check(root: Path, name: str, log=None) -> dict[str, Any]:
@@ -234,15 +272,30 @@ def check(root: Path, name: str, log=None) -> dict[str, Any]:
     device = ref.fingerprint["environment"]["device"].split(":")[0]
     tolerance = TOLERANCE.get(device, 0.0)
 
-    log(f"resume_check: killed run (SIGKILL after update {rc.kill_after}), then resume")
-    outcome = kill_and_resume(root, name, short, base / "killed", f"step:{rc.kill_after}")
+    engine, rank = _engine(spec), rc.kill_rank
+    if rank is None:
+        log(f"resume_check: killed run (SIGKILL after update {rc.kill_after}), then resume")
+        cause = f"SIGKILL of every process after update {rc.kill_after}; the run started again"
+    else:
+        log(f"resume_check: rank {rank} killed after update {rc.kill_after}; {engine} restarts it")
+        cause = f"SIGKILL of rank {rank} after update {rc.kill_after}; {engine} restarted the worker group"
+    outcome = kill_and_resume(root, name, short, base / "killed", f"step:{rc.kill_after}", rank)
     resumed = final_checkpoint(base / "killed")
     fields = compare(ref, resumed, tolerance)
-    passed = all(f["verdict"] == "pass" for f in fields.values()) and outcome["kill"]["returncode"] == -9
+    restarted = rank is None or outcome["restarts"] >= 1
+    passed = (
+        all(f["verdict"] == "pass" for f in fields.values())
+        and outcome["kill"]["returncode"] == -9
+        and restarted
+    )
     result = {
         "passed": passed,
         "device": device,
-        "processes": spec.processes,  # all killed together, all resumed
+        "processes": spec.processes,
+        "engine": engine,
+        "killed_rank": rank,
+        "restarts": outcome["restarts"],
+        "cause": cause,
         "tolerance": tolerance,
         "steps": rc.steps,
         "checkpoint_every": rc.checkpoint_every,
@@ -263,15 +316,20 @@ def check(root: Path, name: str, log=None) -> dict[str, Any]:
 
 def summary(name: str, r: dict[str, Any]) -> str:
     bad = [k for k, f in r["fields"].items() if f["verdict"] != "pass"]
+    if r.get("killed_rank") is not None and r.get("restarts", 0) < 1:
+        bad.append("the restart")
     verdict = (
         "PASSED (bitwise equal)"
         if r["passed"] and r["tolerance"] == 0
         else ("PASSED" if r["passed"] else f"FAILED on {', '.join(bad) or 'the kill'}")
     )
+    who = (
+        f"rank {r['killed_rank']} of {r['processes']} ({r['engine']}, {r['restarts']} restart(s)) "
+        if r.get("killed_rank") is not None
+        else (f"{r['processes']} processes " if r.get("processes", 1) > 1 else "")
+    )
     return (
-        f"resume_check: {name}: "
-        + (f"{r['processes']} processes " if r.get("processes", 1) > 1 else "")
-        + f"killed after step {r['killed_after_step']}, restored step "
+        f"resume_check: {name}: {who}killed after step {r['killed_after_step']}, restored step "
         f"{r['restored_step']}, final step {r['final_step']}: {verdict} in {r['wall_s']:.1f} s"
     )
 
