@@ -156,3 +156,57 @@ def test_ranks_that_fail_together_are_reported_once(tmp_path, monkeypatch, capfd
     fake.write_text('#!/bin/sh\nif [ "$RANK" = 0 ]; then sleep 60; fi\necho "rank 1 broke" >&2; exit 3\n')
     with pytest.raises(UserError, match=r"training process 1 of 2 failed \(exit 3\): rank 1 broke"):
         distributed.launch(tmp_path, ["stage", "train", "m"], 2, tmp_path / "m.yaml")
+
+
+def _broken_rank(seconds: float) -> dict:
+    """A rank 1 that fails at every attempt while rank 0 waits for it (as in a collective)."""
+    import time as clock
+
+    if os.environ["RANK"] == "1":
+        raise RuntimeError("rank 1 broke")
+    clock.sleep(seconds)
+    return {}
+
+
+def _ray_spec(**fields):
+    from reprogate.specs import ModelSpec
+    from tests.conftest import TINY_NGRAM
+
+    return ModelSpec.model_validate(dict(TINY_NGRAM, processes=2, executor="ray", **fields))
+
+
+def test_a_ray_rank_failing_past_max_restarts_stops_the_run_with_its_error(tmp_path):
+    from ray import cloudpickle
+
+    from reprogate import ray_engine
+    from reprogate.errors import UserError
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray's workers cannot import tests/
+    spec = _ray_spec(max_restarts=0)  # restarts themselves are test_elastic's (a worker group takes ~12 s)
+    with pytest.raises(UserError) as e:
+        ray_engine.launch(spec, tmp_path / "m.yaml", tmp_path / "run", _broken_rank, (60.0,))
+    said = str(e.value)
+    assert said.startswith(f"{tmp_path / 'm.yaml'}: Ray Train worker 1 of 2 failed: ")
+    assert "rank 1 broke" in said and "after 0 restart(s)" in said and "Traceback" not in said
+    assert int((tmp_path / "run" / "ray" / "attempts" / "rank1").read_text()) == 1
+
+
+def test_a_ray_address_where_nothing_answers_is_refused_in_bounded_time(tmp_path):
+    import socket
+    import time as clock
+
+    from reprogate import ray_engine
+    from reprogate.errors import UserError
+
+    with socket.socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    spec = _ray_spec(ray={"address": f"127.0.0.1:{port}", "connect_timeout_s": 1.0})
+    started = clock.monotonic()
+    with pytest.raises(
+        UserError,
+        match=rf"field 'ray.address' \(or RAY_ADDRESS\) is '127.0.0.1:{port}', and "
+        r"nothing answered there within 1 s",
+    ):
+        ray_engine.launch(spec, tmp_path / "m.yaml", tmp_path / "run", _broken_rank, (0.0,))
+    assert clock.monotonic() - started < 10
