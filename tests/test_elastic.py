@@ -4,15 +4,19 @@ bitwise where an uninterrupted one under the elastic agent does."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
+from reprogate.pause import PAUSE_ENV, PAUSE_RANK_ENV, PIDS_ENV
 from reprogate.stages import resume_check
 from tests.conftest import TINY_NGRAM, make_home_project, write_model_spec
 
@@ -114,3 +118,61 @@ def test_any_rank_killed_anywhere_is_restarted_by_ray_train_and_ends_bitwise(
 ):
     # The reference ran under the elastic agent: the engines compute the same run.
     _kill_one_rank(project, reference, tmp_path_factory.mktemp("killed"), "rays", *kill)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_torchrun_agents_on_loopback_are_two_nodes_of_one_run_and_recover_a_killed_rank(
+    project, reference, tmp_path
+):
+    # What docs/distributed.md tells a Slurm or Kubernetes user to run on each node, here twice on
+    # one machine: one rank per node, the run's folder shared. Rank 1 (node 1) is SIGKILLed after
+    # update 5; both agents restart their workers, which resume from the checkpoint of step 3.
+    work, pids = tmp_path / "work", tmp_path / "pids"
+    pids.mkdir()
+    endpoint = f"127.0.0.1:{_free_port()}"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
+    torchrun += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "two-nodes"]
+    torchrun += ["--local-addr", "127.0.0.1", "--max-restarts", "1", "-m", "reprogate.cli"]
+    torchrun += ["stage", "train", "ranks", "--work-dir", str(work), "--skip-plan"]
+    env = {
+        **os.environ,
+        "GLOO_SOCKET_IFNAME": "lo",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        PAUSE_ENV: "step:5",
+        PAUSE_RANK_ENV: "1",
+        PIDS_ENV: str(pids),
+    }
+    nodes = [
+        subprocess.Popen(
+            torchrun, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    try:
+        deadline = time.monotonic() + 120
+        while not (pids / "rank1.paused").exists():
+            assert all(n.poll() is None for n in nodes) and time.monotonic() < deadline
+            time.sleep(0.05)
+        os.kill(int((pids / "rank1.pid").read_text()), signal.SIGKILL)
+        said = [n.communicate(timeout=180) for n in nodes]
+    finally:
+        for n in nodes:
+            if n.poll() is None:
+                n.kill()
+    assert [n.returncode for n in nodes] == [0, 0], [err[-2000:] for _, err in said]
+    assert sum(out.count("train: ranks: 12 steps on cpu in 2 processes") for out, _ in said) == 1
+    # Node 0's agent did not count a restart (its worker did not fail: it joined a new
+    # rendezvous round), so rank 0 says 0 restarts; it did resume.
+    run = json.loads((work / "run.jsonl").read_text().splitlines()[-1])["telemetry"]
+    assert (run["restarts"], run["resumed_from_step"]) == (0, 3)
+    fields = resume_check.compare(
+        resume_check.final_checkpoint(reference), resume_check.final_checkpoint(work), tolerance=0.0
+    )
+    assert {k: f["verdict"] for k, f in fields.items()} == {k: "pass" for k in fields}
