@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: venv repro remote test test-home-assistant bench-home-assistant lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy bench-registry clean
+.PHONY: venv repro remote test test-home-assistant bench-home-assistant lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy bench-registry bench-engines clean
 
 # Rebuilt whenever the lock or the project metadata changes.
 $(VENV)/.installed: requirements.lock pyproject.toml
@@ -92,6 +92,10 @@ bench-neighbours: venv
 # the others, per policy_fit.confidence? The same folds; never the test set.
 bench-policy: venv
 	python bench/policy_cv.py
+
+# 1 process against 2 ranks under the elastic agent and under Ray Train, the same global batch.
+bench-engines: venv
+	python bench/engines_bench.py
 
 # The run registry at 100 runs x 3,000 paired predictions: sync, no-op sync, compare, sizes.
 bench-registry: venv

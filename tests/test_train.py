@@ -91,7 +91,12 @@ KILL_POINTS = st.one_of(
 )
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=3,
+    deadline=None,
+    phases=[Phase.explicit, Phase.generate],  # no shrinking: each example is a training run
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(kill_at=KILL_POINTS)
 @example(kill_at="step:4")  # mid-epoch, one update after a checkpoint
 @example(kill_at="step:6")  # exactly at the epoch boundary

@@ -16,8 +16,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
 import tempfile
+import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -102,12 +105,28 @@ def record_pid(rank: int) -> None:
         Path(folder, f"rank{rank}.pid").write_text(str(os.getpid()))
 
 
-def init(device: torch.device) -> None:
+def init(device: torch.device, agent_is_parent: bool = True) -> None:
     """Join the process group of this launch (environment from `launch` or torchrun); a Ray
     Train worker is in its group already."""
     record_pid(int(os.environ.get("RANK", "0")))
+    if agent_is_parent:
+        _exit_with_parent()
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+
+
+def _exit_with_parent() -> None:
+    """A rank whose agent has died (killed with whatever ran it) stops too, rather than wait in
+    a collective for the others until gloo's 30-minute timeout: the agent is its parent, and
+    the agent starts every rank in a session of its own, so nothing else would stop it."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="reprogate-agent-watch", daemon=True).start()
 
 
 def close() -> None:

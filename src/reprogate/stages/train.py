@@ -96,7 +96,7 @@ def train(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[s
     setup = Setup(root, paths)
     setup.check_world(world)
     if world > 1:
-        distributed.init(setup.device)
+        distributed.init(setup.device, agent_is_parent=not ray_engine.in_worker())
     plan = None if skip_plan else _plan(setup, world, log)
 
     since = time.perf_counter() - setup.encode_s  # the plan's projection counts encoding too
