@@ -177,6 +177,13 @@ def _grown(rev: Revision, model: str, train: str | None, run_key: str, rows_held
     return {"metrics_raw": _table("metrics_raw", _raw(rev, model, train, run_key))}
 
 
+def _executor(spec: dict) -> str:
+    """torch or ray for ranks under an engine; local for one process in the stage itself (the
+    key runs had before the spec had an executor)."""
+    executor = str(spec.get("executor", "torch"))
+    return executor if executor != "torch" or spec.get("processes", 1) > 1 else "local"
+
+
 def _run_row(model, evaluation: Evaluation, fp: Fingerprint, config: ModelConfig, record, stamp) -> dict:
     spec, policy = config.spec, evaluation.policy
     heldout = evaluation.sets.get(evaluation.heldout)
@@ -186,7 +193,7 @@ def _run_row(model, evaluation: Evaluation, fp: Fingerprint, config: ModelConfig
         "data_hash": fp.data_hash,
         "code_hash": fp.code_hash,
         "seed": spec.get("seed"),
-        "executor": str(spec.get("executor", "local")),
+        "executor": _executor(spec),
         "evaluation_sha256": record_key(evaluation),
     }
     return {
