@@ -97,7 +97,6 @@ NO_SHRINK = [Phase.explicit, Phase.generate]
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(kill=KILLS)
-@example(kill=(1, "step:5"))
 @example(kill=(0, "ckpt:9:before_rename"))  # rank 0 killed inside a write, rank 1 waiting for it
 def test_any_rank_killed_anywhere_is_restarted_by_the_elastic_agent_and_ends_bitwise(
     project, reference, tmp_path_factory, kill

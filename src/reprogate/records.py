@@ -1,9 +1,9 @@
 """The files one stage writes and another reads, one pydantic model each.
 
-The writer builds the model and `write` dumps exactly the fields it set; every reader
-validates the file against the same model (strictly: a string is never read as a number), so
-a hand edit, a merge conflict or a file from another tool is named by its field, never a
-KeyError three modules away. Extra fields are kept: a newer writer's record still reads.
+The writer builds the model and `write` dumps exactly the fields it set; every reader validates the file
+against the same model (strictly: a string is never read as a number), so a hand edit, a merge conflict or a
+file from another tool is named by its field, never a KeyError three modules away. Extra fields are kept: a
+newer writer's record still reads.
 
 | file                          | model             | written by        | read by                      |
 | ----------------------------- | ----------------- | ----------------- | ---------------------------- |
@@ -22,8 +22,7 @@ KeyError three modules away. Extra fields are kept: a newer writer's record stil
 | runs/<m>/updates/<k>.jsonl    | UpdateLine        | train (rank 0)    | the registry (metrics_raw)   |
 | <git dir>/reprogate/promotion.json | PromotionJournal | promote | promote (a rerun after a kill) |
 
-The headline DVC metric files derived from these (metrics/data.json, metrics/<m>/eval.json,
-metrics/<m>/resume.json, metrics/gate.json) have their models in headline.py.
+DVC metric files derived from these (metrics/data.json, <m>/eval.json, resume.json, gate.json): headline.py.
 """
 
 from __future__ import annotations
@@ -59,8 +58,7 @@ def write(path: Path, record: Record, indent: int = 2) -> None:
 
 
 def validated(raw: str | bytes | dict, shape: type[R], where: str, fix: str) -> R:
-    """`raw` (JSON text, or parsed) as `shape`, strictly; or one paragraph naming `where`, the
-    field and `fix`."""
+    """`raw` (JSON text, or parsed) as `shape`, strictly; or a paragraph naming `where`, field, `fix`."""
     try:
         if isinstance(raw, dict):
             return shape.model_validate(raw, strict=True)
@@ -117,8 +115,7 @@ class ModelConfig(Record):
 
 
 class Fingerprint(Record):
-    """Where a model folder came from: spec, data, code and packages (trained), or the member
-    versions it was combined from (ensemble)."""
+    """Where a model folder came from: spec, data, code, packages, or an ensemble's member versions."""
 
     spec_hash: str
     data_hash: str | None = None
@@ -185,7 +182,7 @@ SetUse = Literal["evaluate", "calibrate"]
 
 
 class LabelledSet(Record):
-    """validation and test (kind labelled), or a set of real utterances."""
+    """validation and test, or a set of real utterances (kind real_utterance)."""
 
     kind: Literal["labelled", "real_utterance"]
     accuracy: float
@@ -280,8 +277,8 @@ class ResumeRecord(Record):
     device: str | None = None
     processes: int | None = None
     engine: str | None = None  # in-process, torch-elastic or ray
-    killed_rank: int | None = None  # None: every process was killed, and the run started again
-    restarts: int | None = None  # worker-group restarts by the engine itself
+    killed_rank: int | None = None  # None: every process killed; restarts: by the engine itself
+    restarts: int | None = None
     cause: str | None = None
     tolerance: float | None = None
     steps: int | None = None
