@@ -210,3 +210,27 @@ def test_a_ray_address_where_nothing_answers_is_refused_in_bounded_time(tmp_path
     ):
         ray_engine.launch(spec, tmp_path / "m.yaml", tmp_path / "run", _broken_rank, (0.0,))
     assert clock.monotonic() - started < 10
+
+
+def test_a_ray_ranks_reprogate_error_is_said_as_it_is_and_without_its_traceback(tmp_path):
+    # A budget stop inside a worker: the user reads that paragraph (as under the elastic agent),
+    # not Ray's wrapping of it nor the worker's traceback; a crash keeps its traceback.
+    import logging
+
+    from ray.train import WorkerGroupError
+
+    from reprogate import ray_engine
+    from reprogate.errors import UserError
+
+    said = f"{tmp_path / 'm.yaml'}: training stopped at update 1 of 12: peak memory passed the budget"
+    failure = WorkerGroupError("worker errors", {1: UserError(said), 0: RuntimeError("collective aborted")})
+    assert str(ray_engine._failure(failure, _ray_spec(), tmp_path / "m.yaml")) == said
+
+    def record(text: str) -> logging.LogRecord:
+        return logging.LogRecord("ray", logging.ERROR, __file__, 1, text, None, None)
+
+    quiet = ray_engine._NoUserErrorTraceback()
+    assert not quiet.filter(
+        record(f"Error in training function:\nTraceback ...\nreprogate.errors.UserError: {said}")
+    )
+    assert quiet.filter(record("Error in training function:\nTraceback ...\nRuntimeError: rank 1 broke"))

@@ -105,8 +105,7 @@ def launch(
 def _worker(config: dict[str, Any]) -> None:
     import ray.train
 
-    # Ray Train's line for every report of every rank says nothing the run's progress does not.
-    logging.getLogger("ray.train").setLevel(logging.WARNING)
+    _quiet_worker()
     rank = ray.train.get_context().get_world_rank()
     counter = Path(config["folder"], "attempts", f"rank{rank}")
     attempt = int(counter.read_text()) if counter.exists() else 0
@@ -116,6 +115,23 @@ def _worker(config: dict[str, Any]) -> None:
     result = config["loop"](*config["args"])
     if rank == 0:
         write_file(Path(config["folder"], "result.json"), json.dumps(result).encode())
+
+
+class _NoUserErrorTraceback(logging.Filter):
+    """A reprogate error is one paragraph for the user, said by the driver; a crash keeps its
+    traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return f"{UserError.__module__}.{UserError.__name__}: " not in record.getMessage()
+
+
+def _quiet_worker() -> None:
+    from ray.train.v2._internal import util
+    from ray.train.v2._internal.execution import context
+
+    # Ray Train's line for every report of every rank says nothing the run's progress does not.
+    logging.getLogger(context.__file__).setLevel(logging.WARNING)
+    logging.getLogger(util.__name__).addFilter(_NoUserErrorTraceback())
 
 
 def _quiet():
