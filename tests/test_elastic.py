@@ -166,10 +166,10 @@ def test_two_torchrun_agents_on_loopback_are_two_nodes_of_one_run_and_recover_a_
                 n.kill()
     assert [n.returncode for n in nodes] == [0, 0], [err[-2000:] for _, err in said]
     assert sum(out.count("train: ranks: 12 steps on cpu in 2 processes") for out, _ in said) == 1
-    # Node 0's agent did not count a restart (its worker did not fail: it joined a new
-    # rendezvous round), so rank 0 says 0 restarts; it did resume.
+    # Only the agent whose worker died counts a restart; the other joins a new rendezvous
+    # round, and that round may hand rank 0 to either node, so rank 0 says 0 or 1 restarts.
     run = json.loads((work / "run.jsonl").read_text().splitlines()[-1])["telemetry"]
-    assert (run["restarts"], run["resumed_from_step"]) == (0, 3)
+    assert run["restarts"] in (0, 1) and run["resumed_from_step"] == 3
     fields = resume_check.compare(
         resume_check.final_checkpoint(reference), resume_check.final_checkpoint(work), tolerance=0.0
     )
