@@ -217,7 +217,22 @@ def _plan(args: argparse.Namespace) -> int:
             f"{spec}: an ensemble is not trained (combine@{spec.stem} fits its member weights in "
             f"seconds); plan its members instead: {', '.join(spec_obj.ensemble.members)}."
         )
-    setup = Setup(root, Paths.for_model(root, spec.stem, spec))
+    if spec_obj.family == "causal_lm" and args.write:
+        from reprogate.lm_plan import write_plan
+
+        print(write_plan(root, spec.resolve()))
+        return 0
+    if args.write:
+        raise UserError(
+            f"{spec}: --write fixes the updates of a language model's budget.train_minutes; a "
+            f"{spec_obj.family} run's length is its steps or epochs. Plan without --write."
+        )
+    if spec_obj.family == "causal_lm":
+        from reprogate.lm_training import LmSetup
+
+        setup = LmSetup(root, Paths.for_model(root, spec.stem, spec), planning=True)
+    else:
+        setup = Setup(root, Paths.for_model(root, spec.stem, spec))
     line = measure(setup).line()
     if setup.spec.processes > 1:  # what `stage train` measures in all its ranks before it starts
         line += (
@@ -319,6 +334,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plan", help="measure a few real steps and project time and memory")
     pl.add_argument("spec", help="a model spec file, or the name of one under specs/models/")
+    pl.add_argument(
+        "--write",
+        action="store_true",
+        help="language models: measure, and fix budget.train_minutes as a number of updates in "
+        "specs/models/<m>.plan.yaml (commit it)",
+    )
     pl.set_defaults(func=_plan)
     return p
 

@@ -8,6 +8,7 @@ params files, so `dvc params diff` shows spec changes.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +26,17 @@ HEADER = (
 LOCK = "requirements.lock"
 
 
-def code(name: str) -> list[str]:
+def code(name: str, root: Path | None = None) -> list[str]:
     """The source files `reprogate stage NAME` runs: its module's import closure, and those of
-    the stages it runs as child processes (`RUNS`)."""
+    the stages it runs as child processes (`RUNS`); relative to `root` (a pipeline in a
+    subfolder of the repository, lm/, names them ../src/...)."""
     runs = (name, *getattr(stages.module(name), "RUNS", ()))
     modules = imports.closure(*(f"reprogate.stages.{n}" for n in runs)) - {"reprogate"}
-    return [LOCK, *sorted(imports.source_path(m) for m in modules)]
+    files = [LOCK, *sorted(imports.source_path(m) for m in modules)]
+    if root is None:
+        return files
+    repo = imports.SOURCE.parent.parent  # src/reprogate -> the repository
+    return [Path(os.path.relpath(repo / f, root.resolve())).as_posix() for f in files]
 
 
 def _items(p: Pipeline, which: str) -> dict[str, dict[str, str]]:
@@ -41,6 +47,10 @@ def _items(p: Pipeline, which: str) -> dict[str, dict[str, str]]:
         for n, m in p.models.items()
         if which == "all" or (which == "ensembles") == (m.family == "ensemble")
     }
+    if p.kind == "lm":  # a planned run's length is a param: its committed plan, else its spec
+        for n, item in items.items():
+            minutes = p.models[n].budget.train_minutes
+            item["plan"] = str(paths.plan_file(n) if minutes is not None else paths.model_spec(n))
     if which == "ensembles":
         for n, item in items.items():
             members = p.models[n].ensemble.members
@@ -53,7 +63,7 @@ def stage(name: str, p: Pipeline) -> dict[str, Any] | None:
     mod = stages.module(name)
     declared = mod.dvc(p)
     body = {"cmd": f"reprogate stage {name}" + (" ${key}" if mod.PER_MODEL else "")}
-    body["deps"] = [*declared.pop("deps"), *code(name)]
+    body["deps"] = [*declared.pop("deps"), *code(name, p.root)]
     body.update(declared)
     if not mod.PER_MODEL:
         return body
@@ -63,7 +73,7 @@ def stage(name: str, p: Pipeline) -> dict[str, Any] | None:
 
 def render(root: Path) -> str:
     p = load_pipeline(root)
-    out = {name: s for name in stages.NAMES if (s := stage(name, p)) is not None}
+    out = {name: s for name in stages.PIPELINES[p.kind] if (s := stage(name, p)) is not None}
     body = yaml.safe_dump({"stages": out}, sort_keys=False, default_flow_style=False, width=100)
     # DVC treats `params: [{file: null}]` as "track every key of this file".
     return HEADER + body.replace(": null", ":")

@@ -68,12 +68,15 @@ def clear(out: Path) -> Path:
 
 
 def write_folder(
-    out: Path, model: torch.nn.Module, config: ModelConfig, labels: list[str], fingerprint: Fingerprint
+    out: Path, model: torch.nn.Module, config: ModelConfig, labels: list[str] | None, fingerprint: Fingerprint
 ) -> None:
+    """The folder's weights, config and fingerprint; labels.json for a classifier (None: a
+    language model, whose vocabulary is its tokenizer)."""
     state = model.state_dict()
     save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(out / "model.safetensors"))
     write(out / "config.json", config)
-    (out / "labels.json").write_text(json.dumps(labels, indent=1, ensure_ascii=False) + "\n")
+    if labels is not None:
+        (out / "labels.json").write_text(json.dumps(labels, indent=1, ensure_ascii=False) + "\n")
     write(out / "fingerprint.json", fingerprint)
 
 

@@ -15,6 +15,10 @@ MODEL_SPECS = SPECS / "models"
 RAW = Path("data/raw")
 PREPARED = Path("data/prepared")
 FEATURES = Path("data/features")
+# A language model's corpus as `corpus` canonicalised and split it (train.txt, validation.txt),
+# and each model's tokenizer and token ids (`tokenize@m`).
+CORPUS = Path("data/corpus")
+TOKENS = Path("data/tokens")
 MODELS = Path("models")
 RUNS = Path("runs")
 # Headline numbers only (DVC metrics): what `dvc metrics show` and `dvc metrics diff` print.
@@ -42,6 +46,15 @@ RESUME_CHECKS = RUNS / "_resume_check"
 
 def model_spec(name: str) -> Path:
     return MODEL_SPECS / f"{name}.yaml"
+
+
+def plan_file(name: str) -> Path:
+    """specs/models/<m>.plan.yaml: how many updates a budget.train_minutes run trains."""
+    return MODEL_SPECS / f"{name}.plan.yaml"
+
+
+def tokens_dir(name: str) -> Path:
+    return TOKENS / name
 
 
 def model_dir(name: str) -> Path:

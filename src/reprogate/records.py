@@ -91,9 +91,6 @@ def parse(path: Path, shape: type[R]) -> tuple[R | None, str | None]:
         return None, f"{path.name} does not have the fields reprogate writes ({field}: {found})"
 
 
-# ----------------------------------------------------------------------------- prepare
-
-
 class DataRecord(Record):
     dataset: str
     labels: int
@@ -108,7 +105,7 @@ class DataRecord(Record):
 
 
 class ModelConfig(Record):
-    family: Literal["ngram", "encoder", "ensemble"]
+    family: Literal["ngram", "encoder", "ensemble", "causal_lm"]
     n_out: int
     featurizer: dict[str, Any]  # what the features depend on (the featurizer's key)
     spec: dict[str, Any]  # the model spec it was trained from, validated again on load
@@ -306,6 +303,7 @@ class Rule(Record):
 class Candidate(Record):
     passed: bool
     heldout_accuracy: float | None
+    val_bits_per_char: float | None = None  # a language model's
     model_version: str | None
     rules: list[Rule]
     not_evaluated: bool | str | None = None  # True: no eval.json; a string: why it is unreadable
@@ -377,6 +375,7 @@ class ProductionRecord(Record):
     code_commit: str | None = None
     heldout_accuracy: float | None = None
     heldout_accuracy_ci95: Interval | None = None
+    val_bits_per_char: float | None = None  # a language model's, on its validation split
     calibration: PinnedPolicy | None = None
     gate: dict[str, dict[str, Any]] | None = None
 

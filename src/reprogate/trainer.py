@@ -22,12 +22,11 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from reprogate import checkpoint, distributed
-from reprogate.data import TrainData
 from reprogate.errors import UserError
+from reprogate.objectives import Objective
 from reprogate.pause import pause_if
 from reprogate.runtime import rank_and_world, seed_everything
 
@@ -37,8 +36,16 @@ class EpochSampler:
 
     def __init__(self, n: int, micro_batch: int, seed: int, rank: int = 0, world: int = 1):
         self.n, self.micro_batch, self.seed, self.rank, self.world = n, micro_batch, seed, rank, world
+        self._epoch: tuple[int, list[np.ndarray]] | None = None
 
     def batches(self, epoch: int) -> list[np.ndarray]:
+        # Kept for the epoch: a language model's epoch is a permutation of a million window
+        # starts, and `fit` asks again at every call (plan measures one update per call).
+        if self._epoch is None or self._epoch[0] != epoch:
+            self._epoch = (epoch, self._draw(epoch))
+        return self._epoch[1]
+
+    def _draw(self, epoch: int) -> list[np.ndarray]:
         perm = np.random.default_rng([self.seed, epoch]).permutation(self.n)
         # Equal shards, so every rank takes part in every update (the last n mod world are left
         # out of this epoch's order, as DistributedSampler's drop_last does).
@@ -49,7 +56,7 @@ class EpochSampler:
         return math.ceil(self.n // self.world / self.micro_batch)
 
 
-def lr_factor(kind: str, warmup: int, total: int) -> Callable[[int], float]:
+def lr_factor(kind: str, warmup: int, total: int, floor: float = 0.0) -> Callable[[int], float]:
     def f(step: int) -> float:
         if step < warmup:
             return (step + 1) / (warmup + 1)
@@ -58,7 +65,7 @@ def lr_factor(kind: str, warmup: int, total: int) -> Callable[[int], float]:
         progress = (step - warmup) / max(1, total - warmup)
         if kind == "linear":
             return max(0.0, 1.0 - progress)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
     return f
 
@@ -70,6 +77,8 @@ class Progress:
     position: int = 0  # micro-batches of the current epoch already consumed (this rank)
     losses: list[float] = field(default_factory=list)
     lrs: list[float] = field(default_factory=list)
+    # Points a callback scored during training (a language model's validation loss by step).
+    evals: list[dict[str, float]] = field(default_factory=list)
 
 
 class Callback(Protocol):
@@ -79,9 +88,8 @@ class Callback(Protocol):
 
 
 class Trainer:
-    def __init__(self, spec, model, featurizer, data: TrainData, feats: list, device, total_steps: int):
-        self.spec, self.model, self.featurizer, self.data, self.feats = spec, model, featurizer, data, feats
-        self.device = device
+    def __init__(self, spec, model, objective: Objective, device, total_steps: int):
+        self.spec, self.model, self.objective, self.device = spec, model, objective, device
         self.rank, self.world = rank_and_world()
         self.total_steps = total_steps
         self.model.to(device)
@@ -92,17 +100,10 @@ class Trainer:
         )
         warmup = round(spec.schedule.warmup_fraction * total_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_factor(spec.schedule.kind, warmup, total_steps)
+            self.optimizer, lr_factor(spec.schedule.kind, warmup, total_steps, spec.schedule.min_lr_fraction)
         )
         self.scaler = torch.amp.GradScaler(device.type, enabled=spec.precision == "fp16")
-        self.sampler = EpochSampler(len(feats), spec.micro_batch, spec.seed, self.rank, self.world)
-        self.labels = torch.tensor([e.label for e in data.examples], dtype=torch.long)
-        self.class_weight = None
-        w = spec.head.out_of_scope_weight
-        if spec.head.out_of_scope_class and w != 1.0:
-            # The out-of-scope class is the last output; None keeps the unweighted sum bitwise.
-            self.class_weight = torch.ones(len(data.labels), device=device)
-            self.class_weight[-1] = w
+        self.sampler = EpochSampler(objective.n, spec.micro_batch, spec.seed, self.rank, self.world)
         self.progress = Progress()
         if self.world > 1:
             # Same initial weights on every rank (seeded before the model was built), but each
@@ -155,6 +156,7 @@ class Trainer:
                 "position": position,
                 "losses": p.losses,
                 "lrs": p.lrs,
+                "evals": p.evals,
                 "total_steps": self.total_steps,
                 "world_size": self.world,
             },
@@ -196,7 +198,9 @@ class Trainer:
         if self.device.type == "mps" and f"{r}.mps" in t["rng"]:
             torch.mps.set_rng_state(t["rng"][f"{r}.mps"])
         tr = m["trainer"]
-        self.progress = Progress(tr["global_step"], tr["epoch"], tr["position"][r], tr["losses"], tr["lrs"])
+        self.progress = Progress(
+            tr["global_step"], tr["epoch"], tr["position"][r], tr["losses"], tr["lrs"], tr.get("evals", [])
+        )
 
     # ------------------------------------------------------------------------ the loop
 
@@ -210,26 +214,11 @@ class Trainer:
         """One optimizer update over the micro-batches of `group` (gradient accumulation)."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        n_items = sum(len(b) for b in group)
+        n_items = sum(self.objective.items(b) for b in group)
         total = 0.0
         for j, idx in enumerate(group):
-            batch = {
-                k: v.to(self.device) for k, v in self.featurizer.collate([self.feats[i] for i in idx]).items()
-            }
-            y = self.labels[idx].to(self.device)
-            with self._autocast():
-                logits = self.model(**batch)
             # Sum over items / items in the whole update: equal to one big batch of n_items.
-            loss = (
-                F.cross_entropy(
-                    logits.float(),
-                    y,
-                    weight=self.class_weight,
-                    reduction="sum",
-                    label_smoothing=self.spec.label_smoothing,
-                )
-                / n_items
-            )
+            loss = self.objective.loss_sum(self.model, idx, self._autocast) / n_items
             self.scaler.scale(loss).backward()
             total += loss.item()
             if j + 1 < len(group):

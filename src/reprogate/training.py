@@ -22,6 +22,7 @@ from reprogate.data import gold_indices, load_train_data, rows, split_features
 from reprogate.errors import UserError
 from reprogate.jsonl import read_jsonl
 from reprogate.models.base import OnDevice, concat, predict_logits
+from reprogate.objectives import Classification
 from reprogate.runtime import configure_mps_env, environment, rank_and_world, seed_everything, select_device
 from reprogate.specs import DataSpec, ModelSpec, load_spec, training_hash
 from reprogate.trainer import Trainer, total_steps
@@ -179,9 +180,11 @@ class Setup:
 
     def trainer(self):
         model, _ = self._build()
-        return Trainer(
-            self.spec, model, self.featurizer, self.data, self.feats, self.device, self.total_steps
+        labels = [e.label for e in self.data.examples]
+        objective = Classification(
+            self.spec, self.featurizer, self.feats, labels, len(self.data.labels), self.device
         )
+        return Trainer(self.spec, model, objective, self.device, self.total_steps)
 
 
 def processes_to_launch(paths: Paths) -> int:

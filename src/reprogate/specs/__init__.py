@@ -1,6 +1,6 @@
 """Every spec kind: data, model, gate and params.yaml, and the one loader that reads them.
 
-Read them in this order: base (shared types), data, model, gate, params, reading (bounded YAML),
+Read them in this order: base (shared types), data, text, lm, model, gate, params, reading (bounded YAML),
 roots (where a spec may reach), loader.
 """
 
@@ -16,6 +16,7 @@ from reprogate.specs.data import (
     UrlSource,
 )
 from reprogate.specs.gate import GateSpec
+from reprogate.specs.lm import CausalLmConfig, PlanSpec, TokenizerConfig, speed_fields
 from reprogate.specs.loader import (
     SPEC_KINDS,
     Pipeline,
@@ -31,6 +32,7 @@ from reprogate.specs.model import ModelSpec, NeighboursConfig, training_hash
 from reprogate.specs.params import Params
 from reprogate.specs.reading import read_yaml
 from reprogate.specs.roots import allowed_roots, confine, mirror_dirs
+from reprogate.specs.text import TextSpec
 
 __all__ = [
     "FOLDERS",
@@ -39,7 +41,12 @@ __all__ = [
     "mirror_dirs",
     "OOS_LABEL",
     "SPEC_KINDS",
+    "CausalLmConfig",
     "DataSpec",
+    "PlanSpec",
+    "TextSpec",
+    "TokenizerConfig",
+    "speed_fields",
     "EvalSet",
     "GateSpec",
     "HfSource",

@@ -36,6 +36,13 @@ class Thresholds(Strict):
         "to review makes no wrong action and does no work. null: no such rule.",
     )
     require_resume_equivalence: bool = True
+    val_bits_per_char_max: float | None = Field(
+        None,
+        gt=0.0,
+        description="Language models (a pipeline on a kind: text corpus): most bits per character on "
+        "the whole validation split. The classifier thresholds above do not apply to them, nor this one "
+        "to classifiers. null: no such rule.",
+    )
 
 
 class ProductionComparison(Strict):

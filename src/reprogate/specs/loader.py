@@ -13,7 +13,7 @@ import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -22,14 +22,22 @@ from reprogate.errors import UserError, format_validation_error
 from reprogate.specs.base import Strict
 from reprogate.specs.data import DataSpec, LocalSource
 from reprogate.specs.gate import GateSpec
+from reprogate.specs.lm import PlanSpec
 from reprogate.specs.model import ModelSpec
 from reprogate.specs.params import Params
 from reprogate.specs.reading import read_yaml
 from reprogate.specs.roots import allowed_roots, confine
+from reprogate.specs.text import TextSpec
 
 T = TypeVar("T", bound=Strict)
 
-SPEC_KINDS: dict[str, type[Strict]] = {"data": DataSpec, "model": ModelSpec, "gate": GateSpec}
+SPEC_KINDS: dict[str, type[Strict]] = {
+    "data": DataSpec,
+    "text": TextSpec,
+    "model": ModelSpec,
+    "gate": GateSpec,
+    "plan": PlanSpec,
+}
 
 
 def find_root(start: Path) -> Path:
@@ -87,7 +95,7 @@ def _as_validation_error(cls: type[BaseModel], raw: dict[str, Any], r: Refused) 
 
 
 def check_references(spec: Strict, root: Path) -> None:
-    if isinstance(spec, DataSpec):
+    if isinstance(spec, DataSpec | TextSpec):
         _data_files(spec, root)
     elif isinstance(spec, ModelSpec):
         if spec.encoder is not None:
@@ -101,7 +109,7 @@ def check_references(spec: Strict, root: Path) -> None:
             _data_of_model(spec, root)
 
 
-def _data_files(spec: DataSpec, root: Path) -> None:
+def _data_files(spec: DataSpec | TextSpec, root: Path) -> None:
     """Every local file resolves inside an allowed root, and exists; checked before any is opened."""
     roots = allowed_roots(root)
     for name, o in spec.origins.items():
@@ -138,6 +146,16 @@ def _data_of_model(spec: ModelSpec, root: Path) -> None:
             f"data is '{spec.data}', but {data_path} does not exist; point it at a "
             "data spec such as specs/data/banking77.yaml",
         )
+    if spec.family == "causal_lm":
+        _text_of_model(spec, data_path)
+        return
+    raw_kind = read_yaml(data_path).get("kind")
+    if raw_kind == "text":
+        raise Refused(
+            ("data",),
+            f"data is '{spec.data}', a text corpus (kind: text); family {spec.family} classifies "
+            "labelled rows: point it at a data spec (kind: data), or use family causal_lm",
+        )
     data = load_spec(data_path, DataSpec)
     expected = len(data.labels) + (1 if spec.head.out_of_scope_class else 0)
     if spec.head.num_labels is not None and spec.head.num_labels != expected:
@@ -155,6 +173,16 @@ def _data_of_model(spec: ModelSpec, root: Path) -> None:
             f"head.out_of_scope_class is true but the data spec {spec.data} declares no "
             "negatives; add a 'negatives' table there or set it to false",
         )
+
+
+def _text_of_model(spec: ModelSpec, data_path: Path) -> None:
+    if read_yaml(data_path).get("kind") != "text":
+        raise Refused(
+            ("data",),
+            f"data is '{spec.data}', which is not a text corpus (kind: text); a causal_lm learns "
+            "from one, e.g. specs/data/tinyshakespeare.yaml",
+        )
+    load_spec(data_path, TextSpec)
 
 
 def _members(spec: ModelSpec, root: Path) -> None:
@@ -247,6 +275,8 @@ class Pipeline:
     data: str
     models: dict[str, ModelSpec]
     gate: str
+    # classify: a data spec of labelled rows; lm: a text corpus (kind: text) and causal_lm models.
+    kind: Literal["classify", "lm"] = "classify"
 
 
 def load_pipeline(root: Path) -> Pipeline:
@@ -257,7 +287,8 @@ def load_pipeline(root: Path) -> Pipeline:
                 f"{root / paths.PARAMS}: field '{field}' is '{value}', which is outside the project; "
                 "the pipeline's specs live in it: point it at a file under specs/."
             )
-    load_spec(root / params.data, DataSpec)
+    kind = "lm" if read_yaml(root / params.data).get("kind") == "text" else "classify"
+    load_spec(root / params.data, TextSpec if kind == "lm" else DataSpec)
     load_spec(root / params.gate, GateSpec)
     models = {}
     for n in params.models:
@@ -267,6 +298,13 @@ def load_pipeline(root: Path) -> Pipeline:
                 f"specs/models/{n}.yaml: field 'data' is '{m.data}', but params.yaml runs the "
                 f"pipeline on '{params.data}'; make them the same."
             )
+        if (m.family == "causal_lm") != (kind == "lm"):
+            raise UserError(
+                f"specs/models/{n}.yaml: family '{m.family}' cannot run in a pipeline on "
+                f"'{params.data}' ({'a text corpus' if kind == 'lm' else 'labelled rows'}): a language "
+                "model's pipeline (family causal_lm, a kind: text corpus) has its own params.yaml, "
+                "e.g. lm/params.yaml."
+            )
         models[n] = m
     for n, m in models.items():
         missing = [x for x in (m.ensemble.members if m.ensemble else []) if x not in models]
@@ -275,7 +313,7 @@ def load_pipeline(root: Path) -> Pipeline:
                 f"specs/models/{n}.yaml: ensemble.members {missing} are not in params.yaml 'models'; add "
                 "them (each member is trained, checked and gated as a candidate of its own)."
             )
-    return Pipeline(root, params.data, models, params.gate)
+    return Pipeline(root, params.data, models, params.gate, kind)
 
 
 def iter_spec_files(folders: list[Path]) -> list[Path]:

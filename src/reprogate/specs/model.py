@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from reprogate.specs.base import Fraction, ModelName, Pair, PosInt, Strict, spec_hash
+from reprogate.specs.lm import CausalLmConfig
 
 
 class NgramConfig(Strict):
@@ -102,6 +103,9 @@ class OptimizerConfig(Strict):
 class ScheduleConfig(Strict):
     kind: Literal["constant", "linear", "cosine"] = "linear"
     warmup_fraction: Fraction = 0.05
+    min_lr_fraction: Fraction = Field(
+        0.0, description="cosine only: the floor the learning rate decays to, as a share of lr."
+    )
 
 
 class CheckpointConfig(Strict):
@@ -112,6 +116,13 @@ class CheckpointConfig(Strict):
 class Budget(Strict):
     max_minutes: float = Field(60.0, gt=0)
     max_memory_gb: float = Field(8.0, gt=0)
+    train_minutes: float | None = Field(
+        None,
+        gt=0,
+        description="causal_lm only, instead of steps or epochs: train as many updates as fit in "
+        "this many minutes here. `reprogate plan --write` measures them once into "
+        "specs/models/<m>.plan.yaml (committed); training reads the number from there.",
+    )
 
 
 class MpsConfig(Strict):
@@ -209,8 +220,9 @@ class ModelSpec(Strict):
     kind: Literal["model"]
     description: str = ""
     data: str = Field(description="Path of the data spec, relative to the project root.")
-    family: Literal["ngram", "encoder", "ensemble"]
+    family: Literal["ngram", "encoder", "ensemble", "causal_lm"]
     ngram: NgramConfig | None = None
+    causal_lm: CausalLmConfig | None = None
     encoder: EncoderConfig | None = None
     ensemble: EnsembleConfig | None = None
     head: HeadConfig = HeadConfig()
@@ -282,34 +294,52 @@ class ModelSpec(Strict):
                 f"resume_check.kill_rank is {kill}, but the run has processes: {self.processes} "
                 f"(ranks 0 to {self.processes - 1}); use a rank below {self.processes}, or omit it"
             )
-        if (self.steps is None) == (self.epochs is None):
-            raise ValueError(
-                "give exactly one of steps (optimizer updates) or epochs; "
-                f"got steps={self.steps}, epochs={self.epochs}"
-            )
+        self._length_rules()
         if self.steps is not None and self.checkpoint.every_steps > self.steps:
             raise ValueError(
                 f"checkpoint.every_steps ({self.checkpoint.every_steps}) is larger than steps "
                 f"({self.steps}); no checkpoint would ever be written. Use at most {self.steps}"
             )
-        if self.family == "ngram" and self.ngram is None:
-            # Written out, because features@m depends on exactly this section.
-            raise ValueError("family 'ngram' needs an 'ngram' section; write `ngram: {}` for the defaults")
-        other = "encoder" if self.family == "ngram" else "ngram"
-        if getattr(self, other) is not None:
-            raise ValueError(f"family is '{self.family}' but an '{other}' section is given; remove it")
-        if self.family == "encoder" and self.encoder is None:
-            raise ValueError("family 'encoder' needs an 'encoder' section with at least 'model'")
+        for section in ("ngram", "encoder", "causal_lm"):
+            # Written out, because the features and tokenize stages depend on exactly this section.
+            article = "a" if section == "causal_lm" else "an"
+            needs = f"family '{section}' needs {article} '{section}' section"
+            if self.family == section and getattr(self, section) is None:
+                defaults = f"; write `{section}: {{}}` for the defaults"
+                fix = " with at least 'model'" if section == "encoder" else defaults
+                raise ValueError(needs + fix)
+            if self.family != section and getattr(self, section) is not None:
+                given = f"family is '{self.family}' but {article} '{section}' section is given"
+                raise ValueError(f"{given}; remove it")
         if self.precision == "fp16" and self.device in ("cpu", "mps"):
             raise ValueError(
                 f"precision fp16 needs device cuda (got device '{self.device}'); use fp32 or bf16"
             )
         return self
 
+    def _length_rules(self) -> None:
+        minutes = self.budget.train_minutes
+        if minutes is not None and self.family != "causal_lm":
+            raise ValueError("budget.train_minutes applies to family causal_lm; give steps or epochs")
+        given = [n for n, v in (("steps", self.steps), ("epochs", self.epochs)) if v is not None]
+        if minutes is not None:
+            given.append("budget.train_minutes")
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one of steps (optimizer updates) or epochs"
+                + (" or budget.train_minutes" if self.family == "causal_lm" else "")
+                + f"; got {', '.join(given) or 'none'}"
+            )
+        if minutes is not None and minutes > self.budget.max_minutes:
+            raise ValueError(
+                f"budget.train_minutes ({minutes:g}) is above budget.max_minutes "
+                f"({self.budget.max_minutes:g}), where a run is stopped; raise max_minutes"
+            )
+
     def _ensemble_rules(self) -> ModelSpec:
         if self.ensemble is None:
             raise ValueError("family 'ensemble' needs an 'ensemble' section with 'members'")
-        for other in ("ngram", "encoder"):
+        for other in ("ngram", "encoder", "causal_lm"):
             if getattr(self, other) is not None:
                 raise ValueError(f"family is 'ensemble' but an '{other}' section is given; remove it")
         return self

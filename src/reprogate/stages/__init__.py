@@ -15,7 +15,14 @@ from reprogate import paths, runlog
 from reprogate.errors import UserError
 from reprogate.pipeline import Context, Result
 
-NAMES = ("prepare", "features", "train", "combine", "calibrate", "evaluate", "resume_check", "gate")
+# Each pipeline's stages, by the kind of its data spec (specs.Pipeline.kind): labelled rows for
+# classifiers, a text corpus for language models (lm/params.yaml). train, resume_check and
+# gate serve both; the others belong to one.
+PIPELINES = {
+    "classify": ("prepare", "features", "train", "combine", "calibrate", "evaluate", "resume_check", "gate"),
+    "lm": ("corpus", "tokenize", "train", "lm_evaluate", "resume_check", "gate"),
+}
+NAMES = tuple(dict.fromkeys(n for names in PIPELINES.values() for n in names))
 
 
 def module(name: str) -> ModuleType:

@@ -16,6 +16,7 @@ from typing import Any
 from reprogate import paths
 from reprogate.errors import UserError
 from reprogate.headline import GateMetrics
+from reprogate.lm_records import LmEvaluation
 from reprogate.pipeline import Context, Result
 from reprogate.records import (
     RESTORE_PRODUCTION,
@@ -93,15 +94,7 @@ def judge(name: str, ev: dict | None, resume: dict | None, gate: GateSpec, prod:
         _challenge(sets, t.challenge_action_rate_max),
     ]
     if t.require_resume_equivalence:
-        rules.append(
-            _rule(
-                "resume_equivalence",
-                (resume or {}).get("passed"),
-                "==",
-                True,
-                (resume or {}).get("unreadable") or ("" if resume else "results/<m>/resume.json missing"),
-            )
-        )
+        rules.append(_resume_rule(resume))
     rules.append(_against_production(test, gate, prod))
     return rules
 
@@ -199,6 +192,50 @@ def _against_production(test: dict, gate: GateSpec, prod: dict | None) -> dict[s
     return rule
 
 
+def judge_lm(ev: dict | None, resume: dict | None, gate: GateSpec, prod: dict | None) -> list[dict]:
+    """A language model's rules: validation bits per character, resume equivalence, and not
+    worse than production on the same validation split."""
+    t = gate.thresholds
+    val = (ev or {}).get("sets", {}).get("validation", {})
+    bpc = val.get("bits_per_char")
+    rules = [
+        _rule("val_bits_per_char", bpc, "<=", t.val_bits_per_char_max, "the whole validation split")
+        if t.val_bits_per_char_max is not None
+        else _na("val_bits_per_char", "no val_bits_per_char_max in the gate spec")
+    ]
+    if t.require_resume_equivalence:
+        rules.append(_resume_rule(resume))
+    c = gate.compare_to_production
+    if not c.enabled:
+        rules.append(_na("not_worse_than_production", "disabled in the gate spec"))
+    elif prod is None:
+        rules.append(_na("not_worse_than_production", "no model in production yet"))
+    else:
+        theirs = prod.get("val_bits_per_char")
+        who = f"production {prod.get('model')} ({prod.get('model_version')})"
+        rule = _rule("not_worse_than_production", bpc, "<=", theirs, who)
+        ours_sha, theirs_sha = val.get("data_sha256"), prod.get("data_sha256", {}).get("validation")
+        if theirs is None or (ours_sha and theirs_sha and ours_sha != theirs_sha):
+            rule.update(
+                verdict="fail",
+                note=f"production {prod.get('model')} has no bits per character on this validation split "
+                "(another model kind, or another split): not comparable. To move production on purpose, set "
+                "compare_to_production.enabled: false for that promotion, then re-enable it.",
+            )
+        rules.append(rule)
+    return rules
+
+
+def _resume_rule(resume: dict | None) -> dict[str, Any]:
+    return _rule(
+        "resume_equivalence",
+        (resume or {}).get("passed"),
+        "==",
+        True,
+        (resume or {}).get("unreadable") or ("" if resume else "results/<m>/resume.json missing"),
+    )
+
+
 def resume_evidence(root: Path, name: str) -> dict[str, Any] | None:
     """resume.json of a trained model; for an ensemble, every member's must have passed."""
     spec_path = root / paths.model_spec(name)
@@ -217,25 +254,32 @@ def resume_evidence(root: Path, name: str) -> dict[str, Any] | None:
     return {"passed": all(r is not None and r.get("passed") for r in members.values()), "members": members}
 
 
-def decide(root: Path, models: list[str], gate_path: Path) -> dict[str, Any]:
+def decide(root: Path, models: list[str], gate_path: Path, kind: str = "classify") -> dict[str, Any]:
     gate = load_spec(gate_path, GateSpec)
     prod = production(root)
+    lm = kind == "lm"
     candidates = {}
     for name in models:
-        ev = _read(root / paths.results_dir(name) / "eval.json", Evaluation)
+        ev = _read(root / paths.results_dir(name) / "eval.json", LmEvaluation if lm else Evaluation)
         unreadable = (ev or {}).get("unreadable")
         ev = None if unreadable else ev
-        rules = judge(name, ev, resume_evidence(root, name), gate, prod)
+        resume = resume_evidence(root, name)
+        rules = judge_lm(ev, resume, gate, prod) if lm else judge(name, ev, resume, gate, prod)
+        sets = (ev or {}).get("sets", {})
         candidates[name] = {
             **({} if ev else {"not_evaluated": unreadable or True}),
             "passed": all(r["verdict"] != "fail" for r in rules),
-            "heldout_accuracy": (ev or {}).get("sets", {}).get("test", {}).get("accuracy"),
+            "heldout_accuracy": sets.get("test", {}).get("accuracy"),
+            **({"val_bits_per_char": sets.get("validation", {}).get("bits_per_char")} if lm else {}),
             "model_version": (ev or {}).get("model_version"),
             "rules": rules,
         }
-    passing = sorted(
-        (n for n, c in candidates.items() if c["passed"]), key=lambda n: -candidates[n]["heldout_accuracy"]
-    )
+
+    # The best passing candidate: the highest held-out accuracy, or the fewest bits per character.
+    def best(n: str) -> float:
+        return candidates[n]["val_bits_per_char"] if lm else -candidates[n]["heldout_accuracy"]
+
+    passing = sorted((n for n, c in candidates.items() if c["passed"]), key=best)
     reasons = []
     for n, c in candidates.items():
         failed = [r["rule"] for r in c["rules"] if r["verdict"] == "fail"]
@@ -254,14 +298,14 @@ def decide(root: Path, models: list[str], gate_path: Path) -> dict[str, Any]:
             continue
         reasons.append(f"{n}: " + ("passed every rule" if not failed else f"failed {', '.join(failed)}"))
     if passing and len(passing) > 1:
-        reasons.append(f"{passing[0]} has the best held-out accuracy among passing candidates")
+        measure = "fewest validation bits per character" if lm else "best held-out accuracy"
+        reasons.append(f"{passing[0]} has the {measure} among passing candidates")
+    shown = "val_bits_per_char" if lm else "heldout_accuracy"
     result = {
         "passed": bool(passing),
         "chosen": passing[0] if passing else None,
         "reasons": reasons,
-        "production": {k: prod.get(k) for k in ("model", "model_version", "heldout_accuracy")}
-        if prod
-        else None,
+        "production": {k: prod.get(k) for k in ("model", "model_version", shown)} if prod else None,
         "gate_spec": str(gate_path.relative_to(root)) if gate_path.is_relative_to(root) else str(gate_path),
         "candidates": candidates,
     }
@@ -279,4 +323,4 @@ def summary(r: dict[str, Any]) -> str:
 
 def run(ctx: Context) -> Result:
     pipe = load_pipeline(ctx.root)
-    return Result(summary(decide(ctx.root, list(pipe.models), ctx.root / pipe.gate)))
+    return Result(summary(decide(ctx.root, list(pipe.models), ctx.root / pipe.gate, pipe.kind)))

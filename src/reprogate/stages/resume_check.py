@@ -46,7 +46,7 @@ RUNS = ("train",)
 
 def dvc(p: Pipeline) -> dict[str, Any]:
     return {
-        "deps": ["data/prepared", "data/features/${key}"],
+        "deps": ["data/tokens/${key}"] if p.kind == "lm" else ["data/prepared", "data/features/${key}"],
         "params": [{"specs/models/${key}.yaml": None}],
         "outs": [{"results/${key}/resume.json": {"cache": False}}],
         "metrics": [{"metrics/${key}/resume.json": {"cache": False}}],
@@ -61,6 +61,7 @@ def derived_spec(spec: ModelSpec) -> dict[str, Any]:
     rc = spec.resume_check
     d = spec.model_dump(mode="json")
     d.update(steps=rc.steps, epochs=None)
+    d["budget"]["train_minutes"] = None  # a planned length is the real run's, not the check's
     if rc.kill_rank is not None:  # the engine must restart the killed rank at least once
         d["max_restarts"] = max(1, spec.max_restarts)
     d["checkpoint"] = {"every_steps": rc.checkpoint_every, "keep": spec.checkpoint.keep}
@@ -210,6 +211,8 @@ def compare(ref: checkpoint.Checkpoint, other: checkpoint.Checkpoint, tolerance:
         "loss_record": _json_diff(ra["losses"], rb["losses"]),
         "lr_record": _json_diff(ra["lrs"], rb["lrs"]),
     }
+    if ra.get("evals") or rb.get("evals"):  # a language model's validation points
+        diffs["validation_points"] = _json_diff(ra.get("evals"), rb.get("evals"))
     return {
         k: {
             "max_abs_diff": v if math.isfinite(v) else "inf",  # inf: shapes, keys or values differ

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from reprogate import checkpoint, distributed, ray_engine
+from reprogate.lm_records import LmTrainRecord
+from reprogate.lm_training import LM_FILES, LmSetup, ValidationPoints, export_lm
 from reprogate.model_folder import TRAIN_FILES, export_trained
 from reprogate.paths import update_log
 from reprogate.pause import attempt
@@ -36,9 +38,25 @@ from reprogate.trainer import Trainer
 from reprogate.training import Paths, Setup, processes_to_launch, validation_accuracy
 
 PER_MODEL = "trained"
+RECORD_FIELDS = {*TrainRecord.model_fields, *LmTrainRecord.model_fields}
 
 
 def dvc(p: Pipeline) -> dict[str, Any]:
+    if p.kind == "lm":
+        return {
+            "deps": ["data/tokens/${key}"],
+            # The committed plan fixes a budget.train_minutes run's steps (the spec itself otherwise).
+            "params": [{"specs/models/${key}.yaml": None}, {"${item.plan}": None}],
+            "outs": [f"models/${{key}}/{f}" for f in LM_FILES],
+            "metrics": [{"metrics/${key}/train.json": {"cache": False}}],
+            "plots": [
+                {"plots/${key}/train.tsv": {"x": "step", "y": "loss", "cache": False}},
+                *(
+                    {f"plots/${{key}}/validation_by_{x}.tsv": {"x": x, "y": "nats_per_token", "cache": False}}
+                    for x in ("tokens", "seconds")
+                ),
+            ],
+        }
     return {
         "deps": ["data/prepared", "data/features/${key}"],
         "params": [{"specs/models/${key}.yaml": None}],
@@ -93,7 +111,8 @@ def train(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[s
     rank, world = rank_and_world()
     log = (log or Context(root).log) if rank == 0 else (lambda msg: None)  # rank 0 speaks for the run
     started = time.perf_counter()
-    setup = Setup(root, paths)
+    lm = load_spec(paths.spec, ModelSpec).family == "causal_lm"
+    setup = LmSetup(root, paths) if lm else Setup(root, paths)
     setup.check_world(world)
     if world > 1:
         distributed.init(setup.device, agent_is_parent=not ray_engine.in_worker())
@@ -115,8 +134,10 @@ def train(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[s
     key = train_key(fingerprint)
     updates = UpdateLog(update_log(paths.run, key), rank)
     t_loop = time.perf_counter()
+    # Validation points first: the checkpoint of that update holds them.
+    callbacks = ((ValidationPoints(setup),) if lm else ()) + (saver, watchdog, updates)
     try:
-        seen = trainer.fit(callbacks=(saver, watchdog, updates))
+        seen = trainer.fit(callbacks=callbacks)
     finally:
         updates.close()
     loop_s = time.perf_counter() - t_loop
@@ -125,15 +146,22 @@ def train(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[s
         distributed.close()
         if rank > 0:  # every rank holds the same model; rank 0 exports it
             return {"rank": rank}
-    val_acc = validation_accuracy(setup, trainer)
-    wall_s = time.perf_counter() - started
-    export_trained(paths.model, setup.spec, trainer.model, setup.featurizer, setup.data.labels, fingerprint)
-    timing = {"seen": seen, "loop_s": loop_s, "wall_s": wall_s, "checkpoint_s": saver.seconds, "key": key}
-    return _record(paths, setup, trainer, timing, val_acc, plan, resumed_from, env_changes)
+    if lm:
+        export_lm(paths.model, setup, trainer.model, fingerprint)
+        record = _lm_record(paths, setup, trainer)
+    else:
+        val_acc = validation_accuracy(setup, trainer)
+        labels = setup.data.labels
+        export_trained(paths.model, setup.spec, trainer.model, setup.featurizer, labels, fingerprint)
+        record = _record(paths, setup, trainer, val_acc)
+    _write_curve(paths.plots, trainer)
+    timing = {"seen": seen, "loop_s": loop_s, "wall_s": time.perf_counter() - started}
+    told = _telemetry(setup, trainer, timing, saver.seconds, key, plan, resumed_from, env_changes)
+    return {**record, **told}
 
 
-def _record(paths: Paths, setup: Setup, trainer: Trainer, timing, val_acc, plan, resumed, changes):
-    p, seen, loop_s, ckpt_s = trainer.progress, timing["seen"], timing["loop_s"], timing["checkpoint_s"]
+def _record(paths: Paths, setup: Setup, trainer: Trainer, val_acc: float) -> dict[str, Any]:
+    p = trainer.progress
     record = TrainRecord(
         steps=p.global_step,
         epochs=p.epoch,
@@ -142,6 +170,36 @@ def _record(paths: Paths, setup: Setup, trainer: Trainer, timing, val_acc, plan,
         validation_accuracy=round(val_acc, 4),
         truncated_texts=setup.featurizer.truncated,
     )
+    write(paths.metrics / "train.json", record)
+    return record.model_dump(mode="json", exclude_unset=True)
+
+
+def _lm_record(paths: Paths, setup: LmSetup, trainer: Trainer) -> dict[str, Any]:
+    p = trainer.progress
+    record = LmTrainRecord(
+        steps=p.global_step,
+        epochs=p.epoch,
+        windows=len(setup.feats),
+        tokens_seen=p.global_step * setup.tokens_per_update(),
+        final_loss=p.losses[-1] if p.losses else None,
+        planned_minutes=round(p.global_step * setup.plan.measured.update_s / 60, 3) if setup.plan else None,
+        validation_nats_per_token=p.evals[-1]["nats_per_token"] if p.evals else None,
+    )
+    write(paths.metrics / "train.json", record)
+    curve = ["step\ttokens\tseconds\tnats_per_token"]
+    for e in p.evals:
+        # Seconds as planned (step x the plan's measured seconds per update): the same on every
+        # rerun; the seconds this run took are in its run log.
+        secs = f"{e['step'] * setup.plan.measured.update_s:.1f}" if setup.plan else ""
+        curve.append(f"{e['step']}\t{e['tokens']}\t{secs}\t{e['nats_per_token']:.6f}")
+    paths.plots.mkdir(parents=True, exist_ok=True)
+    for name in ("validation_by_tokens.tsv", "validation_by_seconds.tsv"):
+        (paths.plots / name).write_text("\n".join(curve) + "\n")
+    return record.model_dump(mode="json")
+
+
+def _telemetry(setup, trainer: Trainer, timing, ckpt_s, key, plan, resumed, changes) -> dict[str, Any]:
+    seen, loop_s = timing["seen"], timing["loop_s"]
     telemetry = {
         "wall_s": round(timing["wall_s"], 2),
         "examples_seen_this_run": seen,
@@ -156,21 +214,34 @@ def _record(paths: Paths, setup: Setup, trainer: Trainer, timing, val_acc, plan,
         "restarts": attempt(),  # by the executor, within this launch
         "environment_changes": changes,
         "projected": plan.as_dict() if plan else None,
-        "train_key": timing["key"],
+        "train_key": key,
     }
-    write(paths.metrics / "train.json", record)
-    paths.plots.mkdir(parents=True, exist_ok=True)
-    with open(paths.plots / "train.tsv", "w") as f:
+    if isinstance(setup, LmSetup) and loop_s > 0:
+        telemetry["tokens_per_s"] = round(seen * setup.spec.causal_lm.context / loop_s, 1)
+    return telemetry
+
+
+def _write_curve(plots: Path, trainer: Trainer) -> None:
+    plots.mkdir(parents=True, exist_ok=True)
+    with open(plots / "train.tsv", "w") as f:
         f.write("step\tloss\tlr\n")
+        p = trainer.progress
         for i, (loss, lr) in enumerate(zip(p.losses, p.lrs, strict=True), start=1):
             f.write(f"{i}\t{loss:.6f}\t{lr:.8g}\n")
-    return {**record.model_dump(mode="json", exclude_unset=True), **telemetry}
 
 
 def summary(name: str, m: dict[str, Any]) -> str:
     if "rank" in m:
         return ""  # rank 0 speaks for the run
     procs = f" in {m['processes']} processes" if m.get("processes", 1) > 1 else ""
+    if "tokens_seen" in m:
+        val = m["validation_nats_per_token"]
+        return (
+            f"train: {name}: {m['steps']} steps on {m['device']}{procs} in {m['wall_s']:.1f} s, "
+            f"{m['tokens_seen']:,} tokens ({m['tokens_per_s']} tokens/s), final loss {m['final_loss']:.4f}, "
+            f"validation {'-' if val is None else f'{val:.4f}'} nats/token, "
+            f"peak memory {m['peak_rss_gb']:.2f} GB"
+        )
     return (
         f"train: {name}: {m['steps']} steps on {m['device']}{procs} in {m['wall_s']:.1f} s, "
         f"{m['examples_per_s']} examples/s, final loss {m['final_loss']:.4f}, validation accuracy "
@@ -199,5 +270,6 @@ def run(ctx: Context) -> Result:
         m = train(ctx.root, paths, ctx.skip_plan, ctx.log)
     # Everything but the tracked record is telemetry (rank > 0 returns {"rank": r}, logs nothing).
     return Result(
-        summary(ctx.model, m), telemetry={k: v for k, v in m.items() if k not in TrainRecord.model_fields}
+        summary(ctx.model, m),
+        telemetry={k: v for k, v in m.items() if k not in RECORD_FIELDS},
     )
