@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: venv repro remote test test-home-assistant bench-home-assistant lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy bench-registry bench-engines clean
+.PHONY: venv repro repro-lm remote test test-home-assistant bench-home-assistant lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy bench-registry bench-engines clean
 
 # Rebuilt whenever the lock or the project metadata changes.
 $(VENV)/.installed: requirements.lock pyproject.toml
@@ -48,6 +48,12 @@ repro: venv
 		echo "dvc repro"; dvc repro; \
 	fi
 
+# The language-model pipeline (lm/: Tiny Shakespeare, a causal_lm trained for the minutes its
+# committed plan fixed). `cd lm && reprogate plan gpt --write` measures this machine again.
+repro-lm: venv
+	cd lm && reprogate compile --check
+	cd lm && dvc repro
+
 # The team's shared DVC remote: a local folder (default ../reprogate-remote) or s3://, gs://,
 # azure://, ssh:// (with the matching dvc-* plugin). Commit .dvc/config afterwards.
 remote: venv
@@ -57,6 +63,7 @@ test: venv
 	ruff check src tests bench tools custom_components tests_home_assistant
 	reprogate validate specs/
 	reprogate compile --check
+	cd lm && reprogate validate specs/ && reprogate compile --check
 	python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The custom integration inside real Home Assistant, against a real `reprogate serve` on loopback.

@@ -16,10 +16,11 @@ LAYERS = {
         "errors", "hashing", "jsonl", "text", "atomic", "paths", "imports", "pause", "git", "locks",
         "queries", "dvc_cli", "stats",
     ],
-    "specs": ["specs", "records", "headline", "runlog", "registry_tables"],
+    "specs": ["specs", "records", "lm_records", "headline", "runlog", "registry_tables"],
     "core": [
         "runtime", "models", "data", "tables", "fetch", "checkpoint", "distributed", "ray_engine",
-        "trainer", "plan", "training", "model_folder",
+        "objectives", "trainer", "plan", "training", "model_folder", "lm_tokenizer", "lm_eval",
+        "lm_training", "lm_plan",
     ],
     "domain": ["calibration", "production", "pipeline"],
     "stages": ["stages"],

@@ -332,6 +332,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--device", choices=DEVICES, default="auto", help=DEVICE_HELP)
     sv.set_defaults(func=_serve)
 
+    _plan_parser(sub)
+    return p
+
+
+def _plan_parser(sub) -> None:
     pl = sub.add_parser("plan", help="measure a few real steps and project time and memory")
     pl.add_argument("spec", help="a model spec file, or the name of one under specs/models/")
     pl.add_argument(
@@ -341,7 +346,6 @@ def build_parser() -> argparse.ArgumentParser:
         "specs/models/<m>.plan.yaml (commit it)",
     )
     pl.set_defaults(func=_plan)
-    return p
 
 
 # Errors of the machine a run can hit anywhere it writes (disk full, quota, read-only).

@@ -321,9 +321,9 @@ class ModelSpec(Strict):
         minutes = self.budget.train_minutes
         if minutes is not None and self.family != "causal_lm":
             raise ValueError("budget.train_minutes applies to family causal_lm; give steps or epochs")
-        given = [n for n, v in (("steps", self.steps), ("epochs", self.epochs)) if v is not None]
+        given = [f"{n}={v}" for n, v in (("steps", self.steps), ("epochs", self.epochs)) if v is not None]
         if minutes is not None:
-            given.append("budget.train_minutes")
+            given.append(f"budget.train_minutes={minutes:g}")
         if len(given) != 1:
             raise ValueError(
                 "give exactly one of steps (optimizer updates) or epochs"
