@@ -150,13 +150,15 @@ class ValidationPoints:
 
     def __init__(self, setup: LmSetup):
         self.setup, self.steps = setup, setup.eval_steps()
+        self.seconds = 0.0  # scoring, not training: left out of the run's tokens/s
 
     def on_update(self, trainer: Trainer) -> None:
         step = trainer.progress.global_step
         if trainer.rank != 0 or step not in self.steps:
             return
-        s = self.setup
+        s, t0 = self.setup, time.perf_counter()
         scored = lm_eval.score(trainer.model, s.validation_ids, s.spec.causal_lm.context, s.device)
+        self.seconds += time.perf_counter() - t0
         trainer.progress.evals.append(
             {"step": step, "tokens": step * s.tokens_per_update(), "nats_per_token": scored.nats_per_token}
         )

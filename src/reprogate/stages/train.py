@@ -135,12 +135,13 @@ def train(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[s
     updates = UpdateLog(update_log(paths.run, key), rank)
     t_loop = time.perf_counter()
     # Validation points first: the checkpoint of that update holds them.
-    callbacks = ((ValidationPoints(setup),) if lm else ()) + (saver, watchdog, updates)
+    points = ValidationPoints(setup) if lm else None
+    callbacks = ((points,) if points else ()) + (saver, watchdog, updates)
     try:
         seen = trainer.fit(callbacks=callbacks)
     finally:
         updates.close()
-    loop_s = time.perf_counter() - t_loop
+    loop_s = time.perf_counter() - t_loop - (points.seconds if points else 0.0)
     saver.save(trainer)  # the final state, always: resume_check compares these
     if world > 1:
         distributed.close()
