@@ -120,8 +120,12 @@ def main() -> None:
     args = ap.parse_args()
     train_text = REPO / "lm" / "data" / "corpus" / "train.txt"
     if not train_text.is_file():
-        raise SystemExit(f"{train_text} is missing: run `make repro-lm` (or `cd lm && dvc repro corpus`) first")
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        raise SystemExit(
+            f"{train_text} is missing: run `make repro-lm` (or `cd lm && dvc repro corpus`) first"
+        )
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="reprogate-lm-sweep-") as tmp:
         root = project(Path(tmp), train_text)
         rows = [one(root, s, SIZES[s], args.minutes) for s in args.sizes.split(",")]
@@ -135,8 +139,10 @@ def main() -> None:
         "best": best["size"],
     }
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-    print(f"lm_sweep: {len(rows)} sizes in {args.minutes:g} min each; best on dev: {best['size']} "
-          f"({best['dev_bits_per_char']} bits/char); wrote {args.out}")
+    print(
+        f"lm_sweep: {len(rows)} sizes in {args.minutes:g} min each; best on dev: {best['size']} "
+        f"({best['dev_bits_per_char']} bits/char); wrote {args.out}"
+    )
 
 
 if __name__ == "__main__":

@@ -22,10 +22,10 @@ LAYERS = {
         "objectives", "trainer", "plan", "training", "model_folder", "lm_tokenizer", "lm_eval",
         "lm_training", "lm_plan",
     ],
-    "domain": ["calibration", "production", "pipeline"],
+    "domain": ["calibration", "production", "lm_production", "pipeline"],
     "stages": ["stages"],
     "entry points": [
-        "cli", "compile", "promote", "promote_commit", "remote", "report", "revision",
+        "cli", "cli_lm", "compile", "promote", "promote_commit", "remote", "report", "revision",
         "report_markdown", "report_plots", "serve", "__main__", "registry", "registry_collect",
         "registry_store", "registry_query",
     ],

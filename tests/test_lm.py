@@ -19,7 +19,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reprogate import lm_eval
-from reprogate.errors import UserError
 from reprogate.models.causal_lm import CausalLm
 from reprogate.specs import ModelSpec, TextSpec, load_spec
 from reprogate.specs.lm import CausalLmConfig
@@ -40,7 +39,9 @@ def test_default_split_is_nanogpts_last_tenth_of_the_characters(mirror):
 
 
 @settings(max_examples=25, deadline=None)
-@given(n=st.integers(1, 5000), chunk=st.integers(1, 700), seed=st.integers(0, 2**16), share=st.floats(0.05, 0.5))
+@given(
+    n=st.integers(1, 5000), chunk=st.integers(1, 700), seed=st.integers(0, 2**16), share=st.floats(0.05, 0.5)
+)
 def test_chunk_split_keeps_every_character_once_in_contiguous_chunks(n, chunk, seed, share):
     text = "".join(chr(65 + (i * 7) % 26) for i in range(n))
     spec = TextSpec.model_validate(
@@ -195,7 +196,9 @@ def lm_project(tmp_path_factory) -> Path:
     text = {
         "kind": "text",
         "id": "tiny",
-        "origins": {"fixture": {"source": {"kind": "local", "path": "raw"}, "files": {"corpus.txt": FIXTURE_SHA}}},
+        "origins": {
+            "fixture": {"source": {"kind": "local", "path": "raw"}, "files": {"corpus.txt": FIXTURE_SHA}}
+        },
         "corpus": [{"origin": "fixture", "file": "corpus.txt"}],
         "split": {"kind": "tail", "validation": 0.15},
         "samples": {"prompts": ["The ", "A"], "max_new_tokens": 12, "seed": 3},
@@ -203,7 +206,9 @@ def lm_project(tmp_path_factory) -> Path:
     (lm / "specs" / "data" / "tiny.yaml").write_text(yaml.safe_dump(text, sort_keys=False))
     (lm / "specs" / "models" / "gpt.yaml").write_text(yaml.safe_dump(TINY_GPT, sort_keys=False))
     params = yaml.safe_load((lm / "params.yaml").read_text())
-    (lm / "params.yaml").write_text(yaml.safe_dump(dict(params, data="specs/data/tiny.yaml"), sort_keys=False))
+    (lm / "params.yaml").write_text(
+        yaml.safe_dump(dict(params, data="specs/data/tiny.yaml"), sort_keys=False)
+    )
     run_cli("compile", cwd=lm, check=True)
     _dvc(lm, "repro", "tokenize@gpt")
     said = run_cli("plan", "gpt", "--write", cwd=lm, check=True).stdout
@@ -222,9 +227,13 @@ def test_lm_pipeline_trains_the_planned_steps_and_scores_the_whole_split(lm_proj
     tokens = json.loads((lm_project / "data" / "tokens" / "gpt" / "manifest.json").read_text())
     val = ev["sets"]["validation"]
     assert val["n_tokens"] == tokens["parts"]["validation"]["tokens"] - 1  # every token but the first
-    assert val["bits_per_char"] == pytest.approx(val["nats_per_token"] * val["n_tokens"] / math.log(2) / val["n_chars"])
+    assert val["bits_per_char"] == pytest.approx(
+        val["nats_per_token"] * val["n_tokens"] / math.log(2) / val["n_chars"]
+    )
     assert 0 < val["bits_per_char"] < math.log2(300) * 2
-    samples = [json.loads(x) for x in (lm_project / "predictions" / "gpt" / "samples.jsonl").read_text().splitlines()]
+    samples = [
+        json.loads(x) for x in (lm_project / "predictions" / "gpt" / "samples.jsonl").read_text().splitlines()
+    ]
     assert [s["prompt"] for s in samples] == ["The ", "A"]
     curve = (lm_project / "plots" / "gpt" / "validation_by_seconds.tsv").read_text().splitlines()
     assert curve[0] == "step\ttokens\tseconds\tnats_per_token" and len(curve) == 3
@@ -232,7 +241,11 @@ def test_lm_pipeline_trains_the_planned_steps_and_scores_the_whole_split(lm_proj
     assert resume["passed"] and resume["tolerance"] == 0.0 and "validation_points" in resume["fields"]
     gate = json.loads((lm_project / "results" / "gate.json").read_text())
     rules = {r["rule"]: r["verdict"] for r in gate["candidates"]["gpt"]["rules"]}
-    assert rules == {"val_bits_per_char": "pass", "resume_equivalence": "pass", "not_worse_than_production": "n/a"}
+    assert rules == {
+        "val_bits_per_char": "pass",
+        "resume_equivalence": "pass",
+        "not_worse_than_production": "n/a",
+    }
 
 
 def test_lm_rerun_changes_nothing_and_a_new_plan_retrains(lm_project):
@@ -242,8 +255,11 @@ def test_lm_rerun_changes_nothing_and_a_new_plan_retrains(lm_project):
     plan_file = lm_project / "specs" / "models" / "gpt.plan.yaml"
     plan = yaml.safe_load(plan_file.read_text())
     plan_file.write_text(yaml.safe_dump(dict(plan, steps=plan["steps"] + 2), sort_keys=False))
-    status = json.loads(_dvc(lm_project, "status", "--json").stdout)
-    assert "train@gpt" in status and "tokenize@gpt" not in status
+    try:
+        status = json.loads(_dvc(lm_project, "status", "--json").stdout)
+        assert "train@gpt" in status and "tokenize@gpt" not in status
+    finally:
+        git_cmd(lm_project.parent, "checkout", "--", "lm/specs")
 
 
 def test_a_stale_or_missing_plan_is_refused_with_the_fix(lm_project, tmp_path):
@@ -252,10 +268,50 @@ def test_a_stale_or_missing_plan_is_refused_with_the_fix(lm_project, tmp_path):
     (lm_project / "specs" / "models" / "gpt.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     try:
         said = run_cli("stage", "train", "gpt", "--work-dir", str(tmp_path / "w"), cwd=lm_project)
-        assert said.returncode == 2 and "is stale" in said.stderr and "plan specs/models/gpt.yaml --write" in said.stderr
+        assert (
+            said.returncode == 2
+            and "is stale" in said.stderr
+            and "plan specs/models/gpt.yaml --write" in said.stderr
+        )
         (lm_project / "specs" / "models" / "gpt.plan.yaml").rename(tmp_path / "plan.yaml")
         said = run_cli("stage", "train", "gpt", "--work-dir", str(tmp_path / "w"), cwd=lm_project)
         assert said.returncode == 2 and "needs a measured number of updates" in said.stderr
         assert "Traceback" not in said.stderr
     finally:
         git_cmd(lm_project.parent, "checkout", "--", "lm/specs")
+
+
+def test_promote_generate_and_serve_a_language_model(lm_project):
+    from fastapi.testclient import TestClient
+
+    from reprogate.serve import create_app
+
+    repo = lm_project.parent
+    git_cmd(repo, "add", "-A")
+    git_cmd(repo, "commit", "-qm", "lm outputs")
+    said = run_cli("promote", cwd=lm_project, check=True).stdout
+    assert "gpt" in said
+    record = json.loads((lm_project / "models" / "production.json").read_text())
+    assert record["family"] == "causal_lm" and record["val_bits_per_char"] > 0
+    assert "heldout_accuracy" not in record and "calibration" not in record
+    assert json.loads((repo / "models" / "production.json").read_text()).get("family") != "causal_lm"
+    assert git_cmd(repo, "log", "-1", "--format=%s").startswith("promote gpt (gpt@")
+
+    one = run_cli("generate", "The ", "--max-tokens", "12", "--seed", "4", cwd=lm_project, check=True)
+    two = run_cli("generate", "The ", "--max-tokens", "12", "--seed", "4", cwd=lm_project, check=True)
+    assert one.stdout == two.stdout and one.stdout.startswith("The ") and "12 tokens" in one.stderr
+    bad = run_cli("generate", "The ", "--max-tokens", "5000", cwd=lm_project)
+    assert bad.returncode == 2 and "ask for 1 to 2000" in bad.stderr and "Traceback" not in bad.stderr
+    wrong = run_cli("generate", "hello", cwd=repo)  # the classifier's project
+    assert wrong.returncode == 2 and "use `reprogate predict` there" in wrong.stderr
+
+    with TestClient(create_app(lm_project, watch_interval=3600)) as c:
+        r = c.post("/generate", json={"prompt": "A", "max_tokens": 8, "seed": 1})
+        assert r.status_code == 200 and r.json()["tokens"] == 8
+        assert r.json()["model_version"] == record["model_version"]
+        again = c.post("/generate", json={"prompt": "A", "max_tokens": 8, "seed": 1}).json()
+        assert again["text"] == r.json()["text"]  # the same seed, the same continuation
+        for body in ({"prompt": ""}, {"prompt": "A", "max_tokens": 0}, {"prompt": "x" * 5000}, {"text": "A"}):
+            assert c.post("/generate", json=body).status_code == 422, body
+        assert c.post("/predict", json={"text": "A"}).status_code == 409
+        assert c.get("/version").json()["family"] == "causal_lm"

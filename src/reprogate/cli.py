@@ -11,7 +11,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from reprogate import jsonl, queries, registry
+from reprogate import cli_lm, jsonl, queries, registry
 from reprogate.errors import UserError, relative
 from reprogate.runtime import DEVICES
 from reprogate.specs import find_root
@@ -202,47 +202,6 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plan(args: argparse.Namespace) -> int:
-    from reprogate.plan import measure
-    from reprogate.specs import ModelSpec, load_spec
-    from reprogate.training import Paths, Setup
-
-    root = find_root(Path.cwd())
-    spec = Path(args.spec)
-    if not spec.exists() and (root / "specs" / "models" / f"{args.spec}.yaml").is_file():
-        spec = root / "specs" / "models" / f"{args.spec}.yaml"  # a model name, as the stages take
-    spec_obj = load_spec(spec, ModelSpec)
-    if spec_obj.ensemble is not None:
-        raise UserError(
-            f"{spec}: an ensemble is not trained (combine@{spec.stem} fits its member weights in "
-            f"seconds); plan its members instead: {', '.join(spec_obj.ensemble.members)}."
-        )
-    if spec_obj.family == "causal_lm" and args.write:
-        from reprogate.lm_plan import write_plan
-
-        print(write_plan(root, spec.resolve()))
-        return 0
-    if args.write:
-        raise UserError(
-            f"{spec}: --write fixes the updates of a language model's budget.train_minutes; a "
-            f"{spec_obj.family} run's length is its steps or epochs. Plan without --write."
-        )
-    if spec_obj.family == "causal_lm":
-        from reprogate.lm_training import LmSetup
-
-        setup = LmSetup(root, Paths.for_model(root, spec.stem, spec), planning=True)
-    else:
-        setup = Setup(root, Paths.for_model(root, spec.stem, spec))
-    line = measure(setup).line()
-    if setup.spec.processes > 1:  # what `stage train` measures in all its ranks before it starts
-        line += (
-            f"; measured in this one process, for {setup.spec.processes} processes each taking "
-            f"1/{setup.spec.processes} of every epoch (gradient exchange not included)"
-        )
-    print(line)
-    return 0
-
-
 def _positive(value: str) -> int:
     if not value.isdigit() or int(value) < 1:
         raise argparse.ArgumentTypeError(f"{value!r} is not a positive whole number")
@@ -332,20 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--device", choices=DEVICES, default="auto", help=DEVICE_HELP)
     sv.set_defaults(func=_serve)
 
-    _plan_parser(sub)
+    cli_lm.add_parsers(sub, _positive, DEVICE_HELP)
     return p
-
-
-def _plan_parser(sub) -> None:
-    pl = sub.add_parser("plan", help="measure a few real steps and project time and memory")
-    pl.add_argument("spec", help="a model spec file, or the name of one under specs/models/")
-    pl.add_argument(
-        "--write",
-        action="store_true",
-        help="language models: measure, and fix budget.train_minutes as a number of updates in "
-        "specs/models/<m>.plan.yaml (commit it)",
-    )
-    pl.set_defaults(func=_plan)
 
 
 # Errors of the machine a run can hit anywhere it writes (disk full, quota, read-only).

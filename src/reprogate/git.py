@@ -52,5 +52,10 @@ def committed(root: Path, path: Path, rev: str = "HEAD") -> bytes | None:
     return proc.stdout if proc is not None and proc.returncode == 0 else None
 
 
+def prefix(root: Path) -> str:
+    """`root`'s folder inside the repository ("" at its top, "lm/" for the lm project)."""
+    return run(root, "rev-parse", "--show-prefix", check=False)
+
+
 def head(root: Path) -> str | None:
     return run(root, "rev-parse", "-q", "--verify", "HEAD", check=False) or None

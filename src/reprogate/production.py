@@ -108,7 +108,10 @@ def _mismatch(record: Promoted, model_dir: Path, since: str) -> str | None:
     """Why `model_dir` is not the promoted model, or None. Compared: the version (weights, and
     an ensemble's members) and the calibrated policy, not files such as the fingerprint that
     change with unrelated code."""
-    if not (model_dir / "model.safetensors").is_file() or not (model_dir / "calibration.json").is_file():
+    calibrated = record.family != "causal_lm"  # a language model has no routing policy
+    if not (model_dir / "model.safetensors").is_file() or (
+        calibrated and not (model_dir / "calibration.json").is_file()
+    ):
         return f"{model_dir} is not built"
     if (now := model_version(model_dir)) != record.model_version:
         return f"{model_dir} holds {now}, {since}"

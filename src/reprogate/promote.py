@@ -20,6 +20,7 @@ from reprogate import dvc_cli, git, locks, paths, promote_commit
 from reprogate.atomic import replace_dir
 from reprogate.errors import UserError, read_json
 from reprogate.hashing import sha256_file
+from reprogate.lm_records import CorpusRecord
 from reprogate.model_folder import model_version, read_calibration
 from reprogate.paths import PRODUCTION, PROMOTED
 from reprogate.pause import pause_if
@@ -103,27 +104,50 @@ def plan(root: Path) -> dict[str, Any]:
     return {"record": record, "tag": f"{name}#{STAGE}#{n}", "message": "\n".join(lines)}
 
 
-def _record(root: Path, name: str, cand: dict[str, Any]) -> Promoted:
-    """models/production.json for the gate's chosen candidate, from the pipeline's own files."""
+def _common(root: Path, name: str, cand: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a production record every kind of model has."""
     model_dir = root / paths.model_dir(name)
-    config = load(model_dir / "config.json", ModelConfig, RERUN)
     params = load_params(root)
-    data = load(root / paths.DATA_RECORD, DataRecord, RERUN)
-    evaluation = load(root / paths.results_dir(name) / "eval.json", Evaluation, RERUN)
-    policy = read_calibration(model_dir / "calibration.json").policy
-    return Promoted(
+    return dict(
         model=name,
         model_version=cand["model_version"],
         artifacts={
             str(p.relative_to(root)): sha256_file(p) for p in sorted(model_dir.rglob("*")) if p.is_file()
         },
-        data_sha256=data.sha256,
         spec_hashes={
             f"specs/models/{name}.yaml": spec_hash(load_spec(root / paths.model_spec(name))),
             params.data: spec_hash(load_spec(root / params.data)),
             params.gate: spec_hash(load_spec(root / params.gate)),
         },
         code_commit=git.run(root, "rev-parse", "HEAD"),
+        gate={r["rule"]: {k: r[k] for k in ("value", "op", "threshold", "verdict")} for r in cand["rules"]},
+    )
+
+
+def _lm_record(root: Path, name: str, cand: dict[str, Any]) -> Promoted:
+    """A language model's production record: bits per character instead of accuracy and a
+    routing policy; the corpus parts' sha256 as its data."""
+    corpus = load(root / paths.DATA_RECORD, CorpusRecord, RERUN)
+    return Promoted(
+        **_common(root, name, cand),
+        data_sha256=corpus.sha256,
+        val_bits_per_char=cand["val_bits_per_char"],
+        family="causal_lm",
+    )
+
+
+def _record(root: Path, name: str, cand: dict[str, Any]) -> Promoted:
+    """models/production.json for the gate's chosen candidate, from the pipeline's own files."""
+    model_dir = root / paths.model_dir(name)
+    config = load(model_dir / "config.json", ModelConfig, RERUN)
+    if config.family == "causal_lm":
+        return _lm_record(root, name, cand)
+    data = load(root / paths.DATA_RECORD, DataRecord, RERUN)
+    evaluation = load(root / paths.results_dir(name) / "eval.json", Evaluation, RERUN)
+    policy = read_calibration(model_dir / "calibration.json").policy
+    return Promoted(
+        **_common(root, name, cand),
+        data_sha256=data.sha256,
         heldout_accuracy=cand["heldout_accuracy"],
         heldout_accuracy_ci95=evaluation.sets["test"].accuracy_ci95,
         calibration={
@@ -132,7 +156,6 @@ def _record(root: Path, name: str, cand: dict[str, Any]) -> Promoted:
             "temperature": evaluation.temperature,
         },
         family=config.family,
-        gate={r["rule"]: {k: r[k] for k in ("value", "op", "threshold", "verdict")} for r in cand["rules"]},
     )
 
 
@@ -210,6 +233,7 @@ def promote(root: Path, dry_run: bool = False, push: bool = False) -> str:
     if dry_run:
         said = locks.clear(root, git_dir, dry_run=True)
         if (journal := promote_commit.pending(git_dir)) is not None:
+            _same_project(root, journal)
             return (
                 said
                 + f"would finish the interrupted promotion of {journal.model_version} (tag {journal.tag})"
@@ -219,11 +243,24 @@ def promote(root: Path, dry_run: bool = False, push: bool = False) -> str:
         # Said at once: a refusal below must not hide that a lock file was removed.
         print(locks.clear(root, git_dir), end="", flush=True)
         if (journal := promote_commit.pending(git_dir)) is not None:
+            _same_project(root, journal)
             pushed = push_outputs(root) if push else ""
             commit = promote_commit.finish(root, git_dir, journal)
             said = pushed + "promote: finished a promotion a killed run had begun.\n" + _done(journal, commit)
             return said + ("\n" + push_commit(root, journal.tag) if push else "")
         return _fresh(root, git_dir, dry_run=False, push=push)
+
+
+def _same_project(root: Path, journal: PromotionJournal) -> None:
+    """A journal is finished only by the project it belongs to (the repository may hold two:
+    the classifier at its top and the language model in lm/), or the record would land in the
+    wrong models/production.json."""
+    if journal.project != git.prefix(root):
+        where = journal.project or "the repository's top folder"
+        raise UserError(
+            f"an interrupted promotion of {journal.model_version} in {where} is not finished: run "
+            f"`reprogate promote` there first (it finishes it), then promote here."
+        )
 
 
 def _fresh(root: Path, git_dir: Path, dry_run: bool, push: bool = False) -> str:
@@ -268,6 +305,7 @@ def _fresh(root: Path, git_dir: Path, dry_run: bool, push: bool = False) -> str:
         record=written,
         message=p["message"],
         tag=p["tag"],
+        project=git.prefix(root),
     )
     promote_commit.begin(git_dir, journal)
     done = _done(journal, promote_commit.finish(root, git_dir, journal))

@@ -397,3 +397,4 @@ class PromotionJournal(Record):
     record: str  # models/production.json, byte for byte as it is committed
     message: str
     tag: str
+    project: str = ""  # the project's folder in the repository ("" at its top; lm/ for lm)

@@ -1,6 +1,8 @@
 """`reprogate serve`: the production model over HTTP (FastAPI on uvicorn).
 
 POST /predict  {"text": "..."} or {"texts": ["...", ...]} -> {"predictions": [Prediction, ...]}
+POST /generate {"prompt": "...", "max_tokens": N, "seed": S} -> a continuation (a language model's
+               project, lm/: its production model is a causal_lm)
 GET  /healthz  liveness and the model being served
 GET  /version  production model, data hash, code commit, calibration
 GET  /openapi.json, /docs
@@ -29,9 +31,16 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from reprogate.errors import UserError, relative
-from reprogate.production import load_servable as load
-from reprogate.production import production_sha256
+from reprogate.lm_production import (
+    MAX_NEW_TOKENS,
+    MAX_PROMPT_CHARS,
+    LoadedLm,
+    is_language_model,
+    load_generator,
+)
+from reprogate.production import load_servable, production_sha256
 from reprogate.queries import MAX_QUERY_CHARS
+from reprogate.specs import pipeline_kind
 
 MAX_TEXT_CHARS = MAX_QUERY_CHARS
 MAX_BATCH = 64
@@ -54,6 +63,32 @@ class PredictRequest(BaseModel):
             if not t.strip():
                 raise ValueError("a query is blank; every query needs some text")
         return self
+
+
+class GenerateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prompt: Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MAX_PROMPT_CHARS)]
+    max_tokens: int = Field(200, ge=1, le=MAX_NEW_TOKENS, strict=True)
+    seed: int = Field(0, ge=0, le=2**63 - 1, strict=True)
+    temperature: float = Field(0.8, gt=0.0, le=5.0)
+    top_k: int | None = Field(None, ge=1, strict=True)
+
+
+class Generated(BaseModel):
+    prompt: str
+    text: str = Field(description="The continuation only.")
+    tokens: int
+    seed: int
+    temperature: float
+    model_version: str
+    latency_ms: float
+
+
+def load(root: Path, model_dir: Path | None = None, device: str = "auto"):
+    """What this project serves: its production language model (a project on a text corpus, or
+    a language-model folder), else its classifier."""
+    lm = is_language_model(model_dir) if model_dir is not None else pipeline_kind(root) == "lm"
+    return (load_generator if lm else load_servable)(root, model_dir, device)
 
 
 class Alternative(BaseModel):
@@ -202,6 +237,8 @@ def create_app(
         message = (
             "body is not valid JSON in UTF-8"
             if "json_invalid" in kinds
+            else 'invalid request: send {"prompt": "...", "max_tokens": 200, "seed": 0}'
+            if request.url.path == "/generate"
             else 'invalid request: send {"text": "..."} or {"texts": ["...", ...]}'
         )
         return _error(422, message, details)
@@ -216,9 +253,21 @@ def create_app(
     responses = {413: {"model": ErrorResponse}, 422: {"model": ErrorResponse}}
 
     @app.post("/predict", response_model=PredictResponse, responses=responses)
-    def predict(req: PredictRequest) -> dict[str, Any]:
+    def predict(req: PredictRequest) -> Any:
         loaded = holder["h"].current  # this request's model, even if a swap happens meanwhile
+        if isinstance(loaded, LoadedLm):
+            return _error(409, f"this server holds the language model {loaded.version}: POST /generate")
         return {"predictions": loaded.predict([req.text] if req.text is not None else req.texts)}
+
+    @app.post("/generate", response_model=Generated, responses=responses)
+    def generate(req: GenerateRequest) -> Any:
+        loaded = holder["h"].current
+        if not isinstance(loaded, LoadedLm):
+            return _error(409, f"this server holds the classifier {loaded.version}: POST /predict")
+        try:
+            return loaded.generate(req.prompt, req.max_tokens, req.seed, req.temperature, req.top_k)
+        except UserError as e:  # a prompt the vocabulary cannot spell
+            return _error(422, str(e))
 
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:
@@ -232,24 +281,40 @@ def create_app(
 
     @app.get("/version")
     def version() -> dict[str, Any]:
-        cur = holder["h"].current
-        r = cur.record
+        return describe(holder["h"].current, holder["h"].root)
+
+    return app
+
+
+def describe(cur, root: Path) -> dict[str, Any]:
+    """GET /version: what is being served, from its production record."""
+    r = cur.record
+    if isinstance(cur, LoadedLm):
         return {
             "model": cur.name,
             "model_version": cur.version,
+            "family": "causal_lm",
             "data_sha256": r.data_sha256 if r else None,
             "code_commit": r.code_commit if r else None,
-            "calibration": {
-                "temperature": cur.policy.temperature,
-                "threshold": cur.policy.threshold,
-                "margin": cur.policy.margin,
-            },
-            "labels": len(cur.scorer.labels),
-            "device": str(cur.scorer.device),
-            "files": relative(str(cur.scorer.dir), holder["h"].root),
+            "val_bits_per_char": r.val_bits_per_char if r else None,
+            "vocab_size": cur.tokenizer.vocab_size,
+            "device": str(cur.device),
+            "files": relative(str(cur.dir), root),
         }
-
-    return app
+    return {
+        "model": cur.name,
+        "model_version": cur.version,
+        "data_sha256": r.data_sha256 if r else None,
+        "code_commit": r.code_commit if r else None,
+        "calibration": {
+            "temperature": cur.policy.temperature,
+            "threshold": cur.policy.threshold,
+            "margin": cur.policy.margin,
+        },
+        "labels": len(cur.scorer.labels),
+        "device": str(cur.scorer.device),
+        "files": relative(str(cur.scorer.dir), root),
+    }
 
 
 def _check_address(host: str, port: int) -> None:

@@ -26,6 +26,7 @@ from reprogate.specs.loader import (
     load_params,
     load_pipeline,
     load_spec,
+    pipeline_kind,
     resolve_encoder_path,
 )
 from reprogate.specs.model import ModelSpec, NeighboursConfig, training_hash
@@ -66,6 +67,7 @@ __all__ = [
     "load_params",
     "load_pipeline",
     "load_spec",
+    "pipeline_kind",
     "read_yaml",
     "resolve_encoder_path",
     "spec_hash",

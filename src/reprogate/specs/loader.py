@@ -279,6 +279,12 @@ class Pipeline:
     kind: Literal["classify", "lm"] = "classify"
 
 
+def pipeline_kind(root: Path) -> Literal["classify", "lm"]:
+    """What the project at `root` runs, from its data spec's kind (lm: a kind: text corpus)."""
+    data = root / load_params(root).data
+    return "lm" if data.is_file() and read_yaml(data).get("kind") == "text" else "classify"
+
+
 def load_pipeline(root: Path) -> Pipeline:
     params = load_params(root)
     for field, value in (("data", params.data), ("gate", params.gate)):
@@ -287,7 +293,7 @@ def load_pipeline(root: Path) -> Pipeline:
                 f"{root / paths.PARAMS}: field '{field}' is '{value}', which is outside the project; "
                 "the pipeline's specs live in it: point it at a file under specs/."
             )
-    kind = "lm" if read_yaml(root / params.data).get("kind") == "text" else "classify"
+    kind = pipeline_kind(root)
     load_spec(root / params.data, TextSpec if kind == "lm" else DataSpec)
     load_spec(root / params.gate, GateSpec)
     models = {}
