@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: venv repro repro-lm remote test test-home-assistant bench-home-assistant lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy bench-registry bench-engines clean
+.PHONY: venv repro repro-lm remote test test-home-assistant bench-home-assistant lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy bench-registry bench-engines bench-lm clean
 
 # Rebuilt whenever the lock or the project metadata changes.
 $(VENV)/.installed: requirements.lock pyproject.toml
@@ -103,6 +103,11 @@ bench-policy: venv
 # 1 process against 2 ranks under the elastic agent and under Ray Train, the same global batch.
 bench-engines: venv
 	python bench/engines_bench.py
+
+# The best language model five minutes train here: five sizes, 0.2M to 4M parameters, each under
+# the same planned budget, compared on a dev slice of train (~30 min; needs `make repro-lm` first).
+bench-lm: venv
+	python bench/lm_sweep.py
 
 # The run registry at 100 runs x 3,000 paired predictions: sync, no-op sync, compare, sizes.
 bench-registry: venv

@@ -77,10 +77,13 @@ def project(where: Path, train_text: Path) -> Path:
     return root
 
 
-def one(root: Path, label: str, shape: dict, minutes: float) -> dict:
+def one(root: Path, label: str, shape: dict, minutes: float, extra: dict | None = None) -> dict:
+    """One spec: the default's, with this shape (causal_lm fields) and `extra` (top-level fields,
+    e.g. optimizer or micro_batch), trained for `minutes` as planned here and scored on dev."""
     base = yaml.safe_load((REPO / "lm" / "specs" / "models" / "gpt.yaml").read_text())
     spec = dict(base, data="specs/data/dev.yaml", budget=dict(base["budget"], train_minutes=minutes))
     spec["causal_lm"] = dict(base["causal_lm"], **shape)
+    spec.update(extra or {})
     name = "s" + label.replace(".", "_").lower()
     (root / "specs" / "models" / f"{name}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     _run(root, "stage", "tokenize", name)
@@ -117,6 +120,13 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=5.0)
     ap.add_argument("--sizes", default=",".join(SIZES))
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "lm_sweep.json"))
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="instead of the sizes: LABEL=JSON of spec fields, e.g. "
+        '\'ctx128={"causal_lm": {"context": 128}, "micro_batch": 16}\'',
+    )
     args = ap.parse_args()
     train_text = REPO / "lm" / "data" / "corpus" / "train.txt"
     if not train_text.is_file():
@@ -128,7 +138,14 @@ def main() -> None:
     ).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="reprogate-lm-sweep-") as tmp:
         root = project(Path(tmp), train_text)
-        rows = [one(root, s, SIZES[s], args.minutes) for s in args.sizes.split(",")]
+        if args.variant:
+            rows = []
+            for v in args.variant:
+                label, _, raw = v.partition("=")
+                extra = json.loads(raw)
+                rows.append(one(root, label, extra.pop("causal_lm", {}), args.minutes, extra))
+        else:
+            rows = [one(root, s, SIZES[s], args.minutes) for s in args.sizes.split(",")]
     best = min(rows, key=lambda r: r["dev_bits_per_char"])
     out = {
         "commit": commit,
