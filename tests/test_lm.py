@@ -205,6 +205,8 @@ def lm_project(tmp_path_factory) -> Path:
     }
     (lm / "specs" / "data" / "tiny.yaml").write_text(yaml.safe_dump(text, sort_keys=False))
     (lm / "specs" / "models" / "gpt.yaml").write_text(yaml.safe_dump(TINY_GPT, sort_keys=False))
+    gate = {"kind": "gate", "thresholds": {"val_bits_per_char_max": 6.0}}  # a few seconds of training
+    (lm / "specs" / "gate.yaml").write_text(yaml.safe_dump(gate, sort_keys=False))
     params = yaml.safe_load((lm / "params.yaml").read_text())
     (lm / "params.yaml").write_text(
         yaml.safe_dump(dict(params, data="specs/data/tiny.yaml"), sort_keys=False)
