@@ -271,7 +271,7 @@ def _fresh(root: Path, git_dir: Path, dry_run: bool, push: bool = False) -> str:
     current = read_json(root / PRODUCTION, RESTORE_PRODUCTION) if (root / PRODUCTION).is_file() else {}
     if (current.get("model_version"), current.get("calibration")) == (
         record["model_version"],
-        record["calibration"],
+        record.get("calibration"),  # a language model has none
     ):
         # The gate chose what is already in production: another commit and tag would only add
         # noise to the history. On a clone without the kept copy, this makes it.
