@@ -35,8 +35,12 @@ def code(name: str, root: Path | None = None) -> list[str]:
     files = [LOCK, *sorted(imports.source_path(m) for m in modules)]
     if root is None:
         return files
-    repo = imports.SOURCE.parent.parent  # src/reprogate -> the repository
-    return [Path(os.path.relpath(repo / f, root.resolve())).as_posix() for f in files]
+    # The project's repository: the folder at or above it holding the lock (and src/), wherever
+    # the project lies; never the installed package's own folder (a copy of the project is its
+    # own repository).
+    root = root.resolve()
+    repo = next((d for d in [root, *root.parents] if (d / LOCK).is_file()), root)
+    return [Path(os.path.relpath(repo / f, root)).as_posix() for f in files]
 
 
 def _items(p: Pipeline, which: str) -> dict[str, dict[str, str]]:
