@@ -49,6 +49,7 @@ def project(tmp_path_factory, mirror) -> Path:
     write_model_spec(root, "small", SMALL)
     params = yaml.safe_load((root / "params.yaml").read_text())
     (root / "params.yaml").write_text(yaml.safe_dump(dict(params, models=["small"]), sort_keys=False))
+    (root / "dvc.lock").unlink()  # the repository's stages are not this project's (conftest)
     run_cli("compile", cwd=root, check=True)
     dvc(root, "repro", mirror=mirror)
     return root
