@@ -1,5 +1,6 @@
-"""Language models: the corpus split, the tokenizers, the decoder, whole-split scoring, the
-committed plan, and the LM pipeline end to end (`dvc repro` of lm/ in a temporary copy)."""
+"""The language-model pipeline end to end (`dvc repro` of lm/ in a temporary copy): the committed
+plan, whole-split scoring, resume at any kill point, report and registry, promote, generate and
+serve. Unit by unit: tests/test_lm_units.py."""
 
 from __future__ import annotations
 
@@ -8,151 +9,20 @@ import json
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import torch
-import torch.nn.functional as F
 import yaml
-from hypothesis import given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from reprogate import lm_eval
-from reprogate.models.causal_lm import CausalLm
-from reprogate.specs import ModelSpec, TextSpec, load_spec
-from reprogate.specs.lm import CausalLmConfig
-from reprogate.stages import corpus
+from reprogate.specs import ModelSpec, load_spec
+from reprogate.stages import resume_check
 from tests.conftest import BIN, REPO, copy_project, git_cmd, run_cli
 
 FIXTURE = REPO / "tests" / "fixtures" / "lm" / "corpus.txt"
 FIXTURE_SHA = "2422657bc7b644b31019286f6c6b795df70af3b05055e2725303c8a4dc8fc40e"
 
-
-def test_default_split_is_nanogpts_last_tenth_of_the_characters(mirror):
-    spec = load_spec(REPO / "lm" / "specs" / "data" / "tinyshakespeare.yaml", TextSpec)
-    text = (mirror / "tinyshakespeare" / "input.txt").read_text()  # Python's text mode, as nanoGPT
-    train, validation = corpus.split_text(spec, {"input.txt": text})
-    n = len(text)
-    assert (train, validation) == (text[: int(n * 0.9)], text[int(n * 0.9) :])
-    assert len(validation) == 111_540
-
-
-@settings(max_examples=25, deadline=None)
-@given(
-    n=st.integers(1, 5000), chunk=st.integers(1, 700), seed=st.integers(0, 2**16), share=st.floats(0.05, 0.5)
-)
-def test_chunk_split_keeps_every_character_once_in_contiguous_chunks(n, chunk, seed, share):
-    text = "".join(chr(65 + (i * 7) % 26) for i in range(n))
-    spec = TextSpec.model_validate(
-        {
-            "kind": "text",
-            "id": "t",
-            "origins": {"o": {"source": {"kind": "local", "path": "x"}, "files": {"a": "0" * 64}}},
-            "corpus": [{"origin": "o", "file": "a"}],
-            "split": {"kind": "chunks", "chunk_chars": chunk, "validation": share, "seed": seed},
-        }
-    )
-    train, validation = corpus.split_text(spec, {"a": text})
-    assert len(train) + len(validation) == n and validation
-    chunks = [text[i : i + chunk] for i in range(0, n, chunk)]
-    assert corpus.split_text(spec, {"a": text}) == (train, validation)  # seeded
-    assert validation in "".join(chunks) or all(c in chunks for c in _cut(validation, chunks))
-
-
-def _cut(part: str, chunks: list[str]) -> list[str]:
-    out, i = [], 0
-    for c in chunks:
-        if part.startswith(c, i):
-            out.append(c)
-            i += len(c)
-    assert i == len(part), "the validation part is not made of whole chunks"
-    return out
-
-
-def test_bpe_tokenizer_is_byte_identical_across_processes(tmp_path):
-    script = (
-        "import sys; from reprogate.lm_tokenizer import train; from reprogate.specs import TokenizerConfig;"
-        "t = open(sys.argv[1]).read();"
-        "sys.stdout.write(train(TokenizerConfig(kind='bpe', vocab_size=300), t, t).to_json())"
-    )
-    outs = set()
-    for seed in ("1", "2", "3"):
-        env = {**os.environ, "PYTHONHASHSEED": seed}
-        out = subprocess.run(
-            [sys.executable, "-c", script, str(FIXTURE)], env=env, capture_output=True, text=True, check=True
-        ).stdout
-        outs.add(hashlib.sha256(out.encode()).hexdigest())
-    assert len(outs) == 1
-
-
-@pytest.mark.parametrize("kind", ["char", "bpe"])
-def test_tokenizers_round_trip(kind):
-    from reprogate.lm_tokenizer import load, train
-    from reprogate.specs import TokenizerConfig
-
-    text = FIXTURE.read_text()
-    cfg = TokenizerConfig(kind=kind, vocab_size=300 if kind == "bpe" else None)
-    tok = train(cfg, text, text)
-    assert tok.decode(tok.encode(text)) == text
-    path = Path(f"/tmp/reprogate-tok-{os.getpid()}-{kind}.json")
-    path.write_text(tok.to_json())
-    try:
-        assert load(path).encode(text) == tok.encode(text)
-    finally:
-        path.unlink()
-
-
-@pytest.mark.parametrize(("mlp", "positions"), [("gelu", "learned"), ("swiglu", "rope")])
-def test_decoder_is_causal(mlp, positions):
-    torch.manual_seed(0)
-    cfg = CausalLmConfig(n_layer=2, n_head=2, d_model=16, context=12, mlp=mlp, positions=positions)
-    model = CausalLm(cfg, 20).eval()
-    a = torch.randint(0, 20, (1, 12))
-    b = a.clone()
-    b[0, 7:] = (b[0, 7:] + 1) % 20  # change the future only
-    with torch.no_grad():
-        assert torch.equal(model(a)[0, :7], model(b)[0, :7])
-        assert not torch.equal(model(a)[0, 7:], model(b)[0, 7:])
-
-
-@settings(max_examples=20, deadline=None)
-@given(n=st.integers(2, 90), context=st.integers(2, 16))
-def test_scoring_predicts_every_token_after_the_first_exactly_once(n, context):
-    torch.manual_seed(n)
-    model = CausalLm(CausalLmConfig(n_layer=1, n_head=1, d_model=8, context=context), 11).eval()
-    ids = torch.randint(0, 11, (n,))
-    got = lm_eval.score(model, ids, context, torch.device("cpu"), batch=3)
-    want = 0.0
-    with torch.no_grad():
-        for s in range(0, n - 1, context):  # by hand: one window after the other
-            w = ids[s : min(s + context + 1, n)]
-            want += float(F.cross_entropy(model(w[None, :-1])[0], w[1:], reduction="sum"))
-    assert got.tokens == n - 1 and got.windows == math.ceil((n - 1) / context)
-    assert got.nats == pytest.approx(want, rel=1e-5)
-
-
-def test_spec_rules_for_language_models():
-    base = {
-        "kind": "model",
-        "data": "specs/data/tinyshakespeare.yaml",
-        "family": "causal_lm",
-        "causal_lm": {},
-        "budget": {"train_minutes": 5, "max_minutes": 10},
-    }
-    ModelSpec.model_validate(base)
-    for bad, needle in [
-        ({**base, "steps": 10}, "exactly one of steps"),
-        ({**base, "budget": {"train_minutes": 20, "max_minutes": 10}}, "above budget.max_minutes"),
-        ({**base, "causal_lm": {"d_model": 30, "n_head": 4}}, "multiple of n_head"),
-        ({**base, "causal_lm": {"tokenizer": {"kind": "bpe"}}}, "needs vocab_size"),
-        ({**base, "family": "ngram", "ngram": {}, "causal_lm": None}, "applies to family causal_lm"),
-    ]:
-        with pytest.raises(ValueError, match=needle):
-            ModelSpec.model_validate(bad)
-
-
-# ------------------------------------------------------------------------- end to end
 
 TINY_GPT = {
     "kind": "model",
@@ -281,6 +151,97 @@ def test_a_stale_or_missing_plan_is_refused_with_the_fix(lm_project, tmp_path):
         assert "Traceback" not in said.stderr
     finally:
         git_cmd(lm_project.parent, "checkout", "--", "lm/specs")
+
+
+def test_report_and_registry_read_a_language_models_records(lm_project, tmp_path):
+    # The copy's first commit holds this repository's own lm/ records; the fixture's commit the
+    # tiny model's. Every number is checked against the files of each commit.
+    repo = lm_project.parent
+    base = json.loads(git_cmd(repo, "show", "HEAD~1:lm/results/gpt/eval.json"))
+    head = json.loads((lm_project / "results" / "gpt" / "eval.json").read_text())
+    run_cli("report", "--base", "HEAD~1", "--out", str(tmp_path / "r"), cwd=lm_project, check=True)
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    row = next(r for r in report["metrics"] if (r["set"], r["metric"]) == ("validation", "bits_per_char"))
+    want_base, want_head = (
+        base["sets"]["validation"]["bits_per_char"],
+        head["sets"]["validation"]["bits_per_char"],
+    )
+    assert (row["base"], row["head"]) == (want_base, want_head)
+    assert row["better"] == (want_head < want_base)
+    gate = json.loads((lm_project / "results" / "gate.json").read_text())
+    assert report["gate"]["head"]["chosen"] == gate["chosen"] == "gpt"
+    assert report["paired"]["gpt"]["paired"] is False and "language model" in report["paired"]["gpt"]["why"]
+    lock = (repo / "requirements.lock").read_bytes()
+    assert report["environment"]["head"]["requirements_lock_sha256"] == hashlib.sha256(lock).hexdigest()
+
+    run_cli("registry", "sync", cwd=lm_project, check=True)
+    sql = lambda q: json.loads(run_cli("registry", "sql", q, "--json", cwd=lm_project, check=True).stdout)  # noqa: E731
+    (run,) = sql("SELECT family, steps, heldout_set, heldout_accuracy FROM runs")
+    train = json.loads((lm_project / "metrics" / "gpt" / "train.json").read_text())
+    assert run == {
+        "family": "causal_lm",
+        "steps": train["steps"],
+        "heldout_set": "validation",
+        "heldout_accuracy": None,
+    }
+    values = {
+        (r["set"], r["metric"]): r["value"] for r in sql('SELECT "set", metric, value FROM evaluations')
+    }
+    assert values[("validation", "bits_per_char")] == want_head
+    assert values[("model", "parameters")] == head["parameters"]
+    curve = (lm_project / "plots" / "gpt" / "train.tsv").read_text().splitlines()
+    assert sql("SELECT count(*) AS n FROM metrics")[0]["n"] == 2 * (len(curve) - 1)
+
+
+# The kill-point property of tests/test_train.py, for the language model's objective: 8 updates
+# of 2 micro-batches, a checkpoint every 3, validation points (the whole split) at 4 and 8.
+LM_EVERY, LM_STEPS = 3, 8
+LM_KILLS = st.one_of(
+    st.integers(1, LM_STEPS - 1).map(lambda k: f"step:{k}"),
+    st.integers(1, LM_STEPS).map(lambda k: f"micro:{k}.1"),
+    st.sampled_from([LM_EVERY, 2 * LM_EVERY]).flatmap(
+        lambda k: st.sampled_from(
+            [f"ckpt:{k}:wrote:model", f"ckpt:{k}:wrote:optimizer", f"ckpt:{k}:before_rename"]
+        )
+    ),
+)
+
+
+@pytest.fixture(scope="module")
+def lm_reference(lm_project):
+    spec = load_spec(lm_project / "specs" / "models" / "gpt.yaml", ModelSpec)
+    derived = resume_check.derived_spec(spec)
+    derived.update(steps=LM_STEPS, grad_accum=2, checkpoint={"every_steps": LM_EVERY, "keep": 2})
+    base = lm_project / "runs" / "kill-points"  # git-ignored
+    (base / "reference").mkdir(parents=True)
+    spec_path = base / "gpt.yaml"
+    spec_path.write_text(yaml.safe_dump(derived, sort_keys=False))
+    assert resume_check.run_child(lm_project, "gpt", spec_path, base / "reference")["returncode"] == 0
+    return spec_path, resume_check.final_checkpoint(base / "reference")
+
+
+@settings(
+    max_examples=1,
+    deadline=None,
+    phases=[Phase.explicit, Phase.generate],  # no shrinking: each example is a training run
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(kill_at=LM_KILLS)
+@example(kill_at="micro:4.1")  # between the micro-batches of the update a validation point follows
+@example(kill_at="ckpt:6:wrote:optimizer")  # inside a checkpoint write
+def test_a_language_model_killed_anywhere_resumes_bitwise(lm_project, lm_reference, kill_at):
+    spec_path, reference = lm_reference
+    work = spec_path.parent / "killed"
+    outcome = resume_check.kill_and_resume(lm_project, "gpt", spec_path, work, kill_at)
+    assert outcome["kill"]["returncode"] == -9
+    killed_step = int(kill_at.split(":")[1].split(".")[0])
+    assert (
+        outcome["restored_step"]
+        == (killed_step - (0 if kill_at.startswith("step") else 1)) // LM_EVERY * LM_EVERY
+    )
+    fields = resume_check.compare(reference, resume_check.final_checkpoint(work), tolerance=0.0)
+    assert "validation_points" in fields
+    assert {k: f["verdict"] for k, f in fields.items()} == {k: "pass" for k in fields}
 
 
 def test_promote_generate_and_serve_a_language_model(lm_project):

@@ -302,7 +302,7 @@ def _encoder_spec(mode: str) -> dict:
         "threads": 2,
         "seed": 1,
         "micro_batch": 8,
-        "steps": 6,
+        "steps": 4,
         "optimizer": {"lr": 1e-4},
         "checkpoint": {"every_steps": 2, "keep": 2},
     }

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy.stats import beta
+from scipy.special import betaincinv
 
 from reprogate.model_folder import read_calibration
 from reprogate.records import CalibrationRecord
@@ -93,7 +93,9 @@ def upper_bound(errors: int, n: int, confidence: float) -> float:
         return 0.0
     if confidence == 0 or errors >= n:
         return errors / n
-    return float(beta.ppf(confidence, errors + 1, n - errors))
+    # The Beta(errors + 1, n - errors) quantile: scipy.stats.beta.ppf's value, without importing
+    # scipy.stats (a second per stage process).
+    return float(betaincinv(errors + 1, n - errors, confidence))
 
 
 def certifiable(n: int, limit: float, confidence: float) -> bool:

@@ -29,7 +29,7 @@ from reprogate.records import Fingerprint, ModelConfig, load
 from reprogate.runtime import configure_mps_env, environment, seed_everything, select_device
 from reprogate.specs import ModelSpec, PlanSpec, load_spec, speed_fields, training_hash
 from reprogate.trainer import Trainer, total_steps
-from reprogate.training import Paths, code_hash, rank_device
+from reprogate.training import Paths, check_world, code_hash, rank_device
 
 # A stand-in length while measuring: long enough that warm-up never ends, and an update costs
 # the same whatever its learning rate.
@@ -118,12 +118,7 @@ class LmSetup:
         }
 
     def check_world(self, world: int) -> None:
-        if world != self.spec.processes:
-            raise UserError(
-                f"{self.paths.spec}: field 'processes' is {self.spec.processes}, but this run was launched "
-                f"as {world} processes (WORLD_SIZE={world}); launch it with `reprogate stage train "
-                f"{self.paths.name}`, or set processes: {world}."
-            )
+        check_world(self.paths, self.spec, world)
 
     def model(self) -> CausalLm:
         seed_everything(self.spec.seed, self.spec.threads, self.device)

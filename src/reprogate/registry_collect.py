@@ -20,9 +20,10 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 import yaml
 
-from reprogate import paths
+from reprogate import paths, registry_lm
 from reprogate.errors import UserError
 from reprogate.hashing import content_key
+from reprogate.lm_records import LmTrainRecord
 from reprogate.records import (
     CombineRecord,
     Decision,
@@ -37,7 +38,7 @@ from reprogate.records import (
     train_key,
     validated,
 )
-from reprogate.registry_tables import TABLES, arrow_schema
+from reprogate.registry_tables import TABLES, arrow_schema, run_identity
 from reprogate.revision import Revision
 
 FIX = (
@@ -137,7 +138,8 @@ def _json(rev: Revision, path: Path, shape, dvc_output: bool = False):
 
 
 def _run(rev: Revision, model: str, stamp: dict[str, Any], held: dict[str, int]) -> RunBundle | None:
-    evaluation = rev.evaluation(model)
+    lm = rev.is_language_model(model)
+    evaluation = rev.lm_evaluation(model) if lm else rev.evaluation(model)
     if evaluation is None:
         return None
     fp = _json(rev, paths.model_dir(model) / "fingerprint.json", Fingerprint, dvc_output=True)
@@ -145,15 +147,15 @@ def _run(rev: Revision, model: str, stamp: dict[str, Any], held: dict[str, int])
     if fp is None or config is None:
         return None
     trained = config.family != "ensemble"
-    record_shape = TrainRecord if trained else CombineRecord
+    record_shape = LmTrainRecord if lm else TrainRecord if trained else CombineRecord
     record = _json(rev, paths.metrics_dir(model) / "train.json", record_shape)
-    run = _run_row(model, evaluation, fp, config, record, stamp)
+    run = (registry_lm.run_row if lm else _run_row)(model, evaluation, fp, config, record, stamp)
     run["resume_passed"] = getattr(rev.resume(model), "passed", None)
     key = run["run_key"]
     if key in held:
         return RunBundle(run, _grown(rev, model, run["train_key"], key, held[key]) if trained else {}, True)
     predictions = []
-    for name in evaluation.sets:
+    for name in [] if lm else evaluation.sets:  # a language model's samples are not predictions
         text = rev.output(paths.predictions_dir(model) / f"{name}.jsonl")
         if text is None:
             return None
@@ -161,7 +163,9 @@ def _run(rev: Revision, model: str, stamp: dict[str, Any], held: dict[str, int])
         predictions.append(_predictions(text, where, key, name))
     rows = {
         "predictions": pa.concat_tables(predictions) if predictions else _empty("predictions"),
-        "evaluations": _table("evaluations", _evaluations(key, evaluation)),
+        "evaluations": _table(
+            "evaluations", registry_lm.evaluations(key, evaluation) if lm else _evaluations(key, evaluation)
+        ),
         "metrics": _table("metrics", _curve(rev, model, key) if trained else []),
         "metrics_raw": _table("metrics_raw", _raw(rev, model, run["train_key"], key) if trained else []),
     }
@@ -177,28 +181,11 @@ def _grown(rev: Revision, model: str, train: str | None, run_key: str, rows_held
     return {"metrics_raw": _table("metrics_raw", _raw(rev, model, train, run_key))}
 
 
-def _executor(spec: dict) -> str:
-    """torch or ray for ranks under an engine; local for one process in the stage itself (the
-    key runs had before the spec had an executor)."""
-    executor = str(spec.get("executor", "torch"))
-    return executor if executor != "torch" or spec.get("processes", 1) > 1 else "local"
-
-
 def _run_row(model, evaluation: Evaluation, fp: Fingerprint, config: ModelConfig, record, stamp) -> dict:
     spec, policy = config.spec, evaluation.policy
     heldout = evaluation.sets.get(evaluation.heldout)
-    identity = {
-        "model": model,
-        "spec_hash": fp.spec_hash,
-        "data_hash": fp.data_hash,
-        "code_hash": fp.code_hash,
-        "seed": spec.get("seed"),
-        "executor": _executor(spec),
-        "evaluation_sha256": record_key(evaluation),
-    }
     return {
-        "run_key": content_key(identity),
-        **identity,
+        **run_identity(model, fp, spec, record_key(evaluation)),
         "family": config.family,
         "model_version": evaluation.model_version,
         "train_key": train_key(fp) if config.family != "ensemble" else None,

@@ -14,13 +14,17 @@ from typing import Any
 import duckdb
 import numpy as np
 
+from reprogate import registry_lm
 from reprogate.errors import UserError
 from reprogate.registry_store import Store, is_local
 from reprogate.registry_tables import TABLES
 from reprogate.stats import mcnemar
 
 # Lower is better for these; every other metric is ranked highest first.
-LOWER_IS_BETTER = ("ece_before", "ece_after", "nll", "wrong_action_rate", "false_positive_action_rate")
+LOWER_IS_BETTER = (
+    "ece_before", "ece_after", "nll", "wrong_action_rate", "false_positive_action_rate",
+    *registry_lm.SPLIT_METRICS,  # a language model's losses and perplexity
+)  # fmt: skip
 WIDEST = 60  # characters of a cell in the printed table
 
 
@@ -153,6 +157,7 @@ class Registry:
                    max(CASE WHEN e.metric = 'macro_f1' THEN e.value END) AS macro_f1,
                    max(CASE WHEN e.metric = 'ece_after' THEN e.value END) AS ece,
                    max(CASE WHEN e.metric = 'wrong_action_rate' THEN e.value END) AS wrong_action_rate,
+                   max(CASE WHEN e.metric = 'bits_per_char' THEN e.value END) AS bits_per_char,
                    bool_or(p.commit IS NOT NULL) AS promoted
             FROM runs r
             LEFT JOIN evaluations e ON e.run_key = r.run_key AND e."set" = r.heldout_set

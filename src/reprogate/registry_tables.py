@@ -24,9 +24,13 @@ import types
 import typing
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import pyarrow as pa
 from pydantic import AwareDatetime, BaseModel, ConfigDict
+
+from reprogate.hashing import content_key
+from reprogate.records import Fingerprint
 
 
 class Row(BaseModel):
@@ -66,6 +70,27 @@ class RunRow(Row):
     commit: str | None  # the oldest commit found holding these records; None: only a working tree
     committed_at: AwareDatetime | None
     synced_at: AwareDatetime
+
+
+def executor(spec: dict) -> str:
+    """torch or ray for ranks under an engine; local for one process in the stage itself (the
+    key runs had before the spec had an executor). The same for every family."""
+    name = str(spec.get("executor", "torch"))
+    return name if name != "torch" or spec.get("processes", 1) > 1 else "local"
+
+
+def run_identity(model: str, fp: Fingerprint, spec: dict, evaluation_sha256: str) -> dict[str, Any]:
+    """What makes a run, any family (docs/registry.md), and run_key, its content key."""
+    identity = {
+        "model": model,
+        "spec_hash": fp.spec_hash,
+        "data_hash": fp.data_hash,
+        "code_hash": fp.code_hash,
+        "seed": spec.get("seed"),
+        "executor": executor(spec),
+        "evaluation_sha256": evaluation_sha256,
+    }
+    return {"run_key": content_key(identity), **identity}
 
 
 class MetricRawRow(Row):

@@ -11,6 +11,7 @@ the report is typed by hand.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ from reprogate.revision import Revision, stage_changes
 HIGHER_IS_BETTER = {"accuracy": True, "macro_f1": True, "coverage": True}
 LOWER = ("ece", "nll", "wrong_action_rate", "false_positive_action_rate", "action_rate")
 HIGHER_IS_BETTER |= dict.fromkeys(LOWER, False)
+# A language model's headline numbers, per scored split (train, validation): all losses.
+LM_METRICS = ("bits_per_char", "nats_per_char", "bits_per_byte", "perplexity")
 HELDOUT = "test"
 TOP_INTENTS = 10
 
@@ -51,9 +54,38 @@ def _gate(base: Revision, head: Revision) -> dict[str, Any]:
     return out
 
 
+def _row(model: str, split: str, metric: str, vb: Any, vh: Any, higher: bool) -> dict[str, Any]:
+    delta = vh - vb if vb is not None and vh is not None else None
+    better = None if not delta else (delta > 0) == higher
+    return {"model": model, "set": split, "metric": metric, "base": vb, "head": vh} | {
+        "delta": delta,
+        "better": better,
+    }
+
+
+def _lm_metrics(base: Revision, head: Revision, name: str) -> list[dict[str, Any]]:
+    b, h = base.lm_evaluation(name), head.lm_evaluation(name)
+    sb, sh = (b.sets if b else {}), (h.sets if h else {})
+    return [
+        _row(
+            name,
+            split,
+            metric,
+            getattr(sb.get(split), metric, None),
+            getattr(sh.get(split), metric, None),
+            False,
+        )
+        for split in [*sh, *(s for s in sb if s not in sh)]
+        for metric in LM_METRICS
+    ]
+
+
 def _metrics(base: Revision, head: Revision, models: list[str]) -> list[dict[str, Any]]:
     rows = []
     for name in models:
+        if head.is_language_model(name) or base.is_language_model(name):
+            rows += _lm_metrics(base, head, name)
+            continue
         b, h = base.evaluation(name), head.evaluation(name)
         hb = EvalMetrics.of(b).sets if b else {}
         hh = EvalMetrics.of(h).sets if h else {}
@@ -61,14 +93,8 @@ def _metrics(base: Revision, head: Revision, models: list[str]) -> list[dict[str
             for metric, higher in HIGHER_IS_BETTER.items():
                 vb = getattr(hb.get(split), metric, None)
                 vh = getattr(hh.get(split), metric, None)
-                if vb is None and vh is None:
-                    continue
-                delta = vh - vb if vb is not None and vh is not None else None
-                better = None if not delta else (delta > 0) == higher
-                rows.append(
-                    {"model": name, "set": split, "metric": metric, "base": vb, "head": vh}
-                    | {"delta": delta, "better": better}
-                )
+                if vb is not None or vh is not None:
+                    rows.append(_row(name, split, metric, vb, vh, higher))
     return rows
 
 
@@ -89,6 +115,9 @@ def _paired(base: Revision, head: Revision, models: list[str]) -> dict[str, Any]
     and gold), McNemar's test and the paired bootstrap interval of the difference."""
     out: dict[str, Any] = {}
     for name in models:
+        if head.is_language_model(name):
+            out[name] = {"paired": False, "why": "a language model: its samples are not labelled predictions"}
+            continue
         pb, ph = base.predictions(name, HELDOUT), head.predictions(name, HELDOUT)
         common = [i for i in ph if i in pb and pb[i][:2] == ph[i][:2]]
         sizes = {"base_items": len(pb), "head_items": len(ph)}
@@ -136,13 +165,18 @@ def _resume(base: Revision, head: Revision, models: list[str]) -> list[dict[str,
 
 
 def _environment(base: Revision, head: Revision, model: str | None) -> dict[str, Any]:
+    # The repository's lock, above a project in a subfolder (lm/): the folder at or above it
+    # that holds one, as `compile` finds it.
+    root = base.root.resolve()
+    found = next((d for d in [root, *root.parents] if (d / "requirements.lock").is_file()), root)
+    lock = os.path.relpath(found / "requirements.lock", root)
     out = {}
     for side, rev in (("base", base), ("head", head)):
         fp = rev.fingerprint(model) if model else None
         if fp and fp.members:  # an ensemble was combined, not trained: a member's environment
             fp = rev.fingerprint(next(iter(fp.members)))
         out[side] = {
-            "requirements_lock_sha256": rev.file_sha256("requirements.lock"),
+            "requirements_lock_sha256": rev.file_sha256(lock),
             "code_hash": fp.code_hash if fp else None,
             "environment": (fp.environment or {}) if fp else {},
         }

@@ -24,6 +24,7 @@ import yaml
 
 from reprogate import git, paths
 from reprogate.errors import UserError
+from reprogate.lm_records import LmEvaluation
 from reprogate.records import Decision, Evaluation, Fingerprint, R, ResumeRecord, validated
 
 
@@ -64,7 +65,9 @@ class Revision:
         if self.rev is None:
             p = self.root / path
             return p.read_text(encoding="utf-8") if p.is_file() else None
-        proc = git.completed(self.root, "show", f"{self.commit}:{Path(path).as_posix()}")
+        # `./`: relative to the project (git runs there), which may be a subfolder (lm/) of the
+        # repository; a bare path would name the top folder's file of that name.
+        proc = git.completed(self.root, "show", f"{self.commit}:./{Path(path).as_posix()}")
         return proc.stdout if proc.returncode == 0 else None
 
     def output(self, path: Path | str) -> str | None:
@@ -76,7 +79,7 @@ class Revision:
             self.missing.append(f"{path} (not in the working tree: run `dvc repro` or `dvc pull`)")
             return None
         try:
-            return self._dvc_fs.read_text(Path(path).as_posix(), encoding="utf-8")
+            return self._dvc_fs.read_text(self._prefix + Path(path).as_posix(), encoding="utf-8")
         except Exception as e:  # noqa: BLE001 - DVC raises many kinds; each means "not here"
             self.missing.append(f"{path} ({type(e).__name__}: not in the DVC cache or remote)")
             return None
@@ -87,7 +90,13 @@ class Revision:
         output is read from the cache (or the remote) in milliseconds."""
         from dvc.api import DVCFileSystem
 
-        return DVCFileSystem(str(self.root), rev=self.commit)
+        # Paths from the repository's top; a project in a subfolder (lm/, its own DVC project)
+        # is a DVC subrepo there.
+        return DVCFileSystem(str(self.root), rev=self.commit, subrepos=True)
+
+    @cached_property
+    def _prefix(self) -> str:
+        return git.prefix(self.root).strip()
 
     def record(self, shape: type[R], *candidates: Path) -> R | None:
         """The first of `candidates` this revision has, validated as `shape`: a damaged one is
@@ -107,6 +116,19 @@ class Revision:
     def evaluation(self, model: str) -> Evaluation | None:
         name = "eval.json"
         return self.record(Evaluation, paths.results_dir(model) / name, paths.metrics_dir(model) / name)
+
+    def is_language_model(self, model: str) -> bool:
+        """From the model's spec at this revision (the shape of its eval.json depends on it)."""
+        raw = self.text(paths.model_spec(model))
+        try:
+            spec = yaml.safe_load(raw) if raw else None
+        except yaml.YAMLError:
+            return False
+        return isinstance(spec, dict) and spec.get("family") == "causal_lm"
+
+    def lm_evaluation(self, model: str) -> LmEvaluation | None:
+        name = "eval.json"
+        return self.record(LmEvaluation, paths.results_dir(model) / name, paths.metrics_dir(model) / name)
 
     def resume(self, model: str) -> ResumeRecord | None:
         name = "resume.json"

@@ -162,13 +162,7 @@ class Setup:
         self.fingerprint = fingerprint(self.spec, self.data, self.device, self.featurizer)
 
     def check_world(self, world: int) -> None:
-        """A launch with another number of processes than the spec's is refused."""
-        if world != self.spec.processes:
-            raise UserError(
-                f"{self.paths.spec}: field 'processes' is {self.spec.processes}, but this run was launched "
-                f"as {world} processes (WORLD_SIZE={world}); launch it with `reprogate stage train "
-                f"{self.paths.name}`, which starts the spec's number of processes, or set processes: {world}."
-            )
+        check_world(self.paths, self.spec, world)
 
     def split(self, name: str):
         """Features of a prepared split: from features@m when it matches, else encoded now."""
@@ -185,6 +179,16 @@ class Setup:
             self.spec, self.featurizer, self.feats, labels, len(self.data.labels), self.device
         )
         return Trainer(self.spec, model, objective, self.device, self.total_steps)
+
+
+def check_world(paths: Paths, spec: ModelSpec, world: int) -> None:
+    """A launch with another number of processes than the spec's is refused (any family)."""
+    if world != spec.processes:
+        raise UserError(
+            f"{paths.spec}: field 'processes' is {spec.processes}, but this run was launched "
+            f"as {world} processes (WORLD_SIZE={world}); launch it with `reprogate stage train "
+            f"{paths.name}`, which starts the spec's number of processes, or set processes: {world}."
+        )
 
 
 def processes_to_launch(paths: Paths) -> int:

@@ -16,6 +16,19 @@ from reprogate.specs.base import OOS_LABEL, Commit, Fraction, Sha256, Strict, pl
 OriginName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$", max_length=64)]
 
 
+def check_pinned(origins: dict[str, Origin], where: str, origin: str, file: str) -> None:
+    """`origin` is a key of `origins` and pins `file` (a table's or a corpus file's reference)."""
+    if origin not in origins:
+        raise ValueError(
+            f"{where}.origin is '{origin}', which is not a key of origins (have: {sorted(origins)})"
+        )
+    if file not in origins[origin].files:
+        raise ValueError(
+            f"{where}.file is '{file}', which origin '{origin}' does not pin; add it with its sha256 "
+            f"under origins.{origin}.files or use one of {sorted(origins[origin].files)}"
+        )
+
+
 class UrlSource(Strict):
     kind: Literal["url"]
     url: str = Field(
@@ -239,17 +252,7 @@ class DataSpec(Strict):
         tables += [(f"eval_sets.{k}.table", e.table) for k, e in self.eval_sets.items()]
         tables += [(f"negatives[{i}]", t) for i, t in enumerate(self.negatives)]
         for where, t in tables:
-            if t.origin not in self.origins:
-                raise ValueError(
-                    f"{where}.origin is '{t.origin}', which is not a key of origins "
-                    f"(have: {sorted(self.origins)})"
-                )
-            if t.file not in self.origins[t.origin].files:
-                raise ValueError(
-                    f"{where}.file is '{t.file}', which origin '{t.origin}' does not pin; add "
-                    f"it with its sha256 under origins.{t.origin}.files or use one of "
-                    f"{sorted(self.origins[t.origin].files)}"
-                )
+            check_pinned(self.origins, where, t.origin, t.file)
             if t.format == "clinc_json" and not t.keys:
                 raise ValueError(f"{where}.keys must name at least one list for clinc_json")
         reserved = {"train", "validation", "calibration", "test", "negatives"}

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from reprogate.specs.base import Fraction, PosInt, Strict
-from reprogate.specs.data import Origin, OriginName
+from reprogate.specs.data import Origin, OriginName, check_pinned
 
 
 class CorpusFile(Strict):
@@ -88,16 +88,7 @@ class TextSpec(Strict):
     @model_validator(mode="after")
     def _references(self) -> TextSpec:
         for i, f in enumerate(self.corpus):
-            if f.origin not in self.origins:
-                raise ValueError(
-                    f"corpus[{i}].origin is '{f.origin}', which is not a key of origins "
-                    f"(have: {sorted(self.origins)})"
-                )
-            if f.file not in self.origins[f.origin].files:
-                raise ValueError(
-                    f"corpus[{i}].file is '{f.file}', which origin '{f.origin}' does not pin; add it "
-                    f"with its sha256 under origins.{f.origin}.files"
-                )
+            check_pinned(self.origins, f"corpus[{i}]", f.origin, f.file)
         names = [f.file for f in self.corpus]
         missing = [v for v in self.split.validation_files if v not in names]
         if missing:

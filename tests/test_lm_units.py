@@ -1,0 +1,152 @@
+"""Language models, unit by unit: the corpus split, the tokenizers, the decoder, whole-split
+scoring and the spec rules (the pipeline end to end is tests/test_lm.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reprogate import lm_eval
+from reprogate.models.causal_lm import CausalLm
+from reprogate.specs import ModelSpec, TextSpec, load_spec
+from reprogate.specs.lm import CausalLmConfig
+from reprogate.stages import corpus
+from tests.conftest import REPO
+
+FIXTURE = REPO / "tests" / "fixtures" / "lm" / "corpus.txt"
+
+
+def test_default_split_is_nanogpts_last_tenth_of_the_characters(mirror):
+    spec = load_spec(REPO / "lm" / "specs" / "data" / "tinyshakespeare.yaml", TextSpec)
+    text = (mirror / "tinyshakespeare" / "input.txt").read_text()  # Python's text mode, as nanoGPT
+    train, validation = corpus.split_text(spec, {"input.txt": text})
+    n = len(text)
+    assert (train, validation) == (text[: int(n * 0.9)], text[int(n * 0.9) :])
+    assert len(validation) == 111_540
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(1, 5000), chunk=st.integers(1, 700), seed=st.integers(0, 2**16), share=st.floats(0.05, 0.5)
+)
+def test_chunk_split_keeps_every_character_once_in_contiguous_chunks(n, chunk, seed, share):
+    text = "".join(chr(65 + (i * 7) % 26) for i in range(n))
+    spec = TextSpec.model_validate(
+        {
+            "kind": "text",
+            "id": "t",
+            "origins": {"o": {"source": {"kind": "local", "path": "x"}, "files": {"a": "0" * 64}}},
+            "corpus": [{"origin": "o", "file": "a"}],
+            "split": {"kind": "chunks", "chunk_chars": chunk, "validation": share, "seed": seed},
+        }
+    )
+    train, validation = corpus.split_text(spec, {"a": text})
+    assert len(train) + len(validation) == n and validation
+    chunks = [text[i : i + chunk] for i in range(0, n, chunk)]
+    assert corpus.split_text(spec, {"a": text}) == (train, validation)  # seeded
+    assert validation in "".join(chunks) or all(c in chunks for c in _cut(validation, chunks))
+
+
+def _cut(part: str, chunks: list[str]) -> list[str]:
+    out, i = [], 0
+    for c in chunks:
+        if part.startswith(c, i):
+            out.append(c)
+            i += len(c)
+    assert i == len(part), "the validation part is not made of whole chunks"
+    return out
+
+
+def test_bpe_tokenizer_is_byte_identical_across_processes(tmp_path):
+    script = (
+        "import sys; from reprogate.lm_tokenizer import train; from reprogate.specs import TokenizerConfig;"
+        "t = open(sys.argv[1]).read();"
+        "sys.stdout.write(train(TokenizerConfig(kind='bpe', vocab_size=300), t, t).to_json())"
+    )
+    outs = set()
+    for seed in ("1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run(
+            [sys.executable, "-c", script, str(FIXTURE)], env=env, capture_output=True, text=True, check=True
+        ).stdout
+        outs.add(hashlib.sha256(out.encode()).hexdigest())
+    assert len(outs) == 1
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_tokenizers_round_trip(kind):
+    from reprogate.lm_tokenizer import load, train
+    from reprogate.specs import TokenizerConfig
+
+    text = FIXTURE.read_text()
+    cfg = TokenizerConfig(kind=kind, vocab_size=300 if kind == "bpe" else None)
+    tok = train(cfg, text, text)
+    assert tok.decode(tok.encode(text)) == text
+    path = Path(f"/tmp/reprogate-tok-{os.getpid()}-{kind}.json")
+    path.write_text(tok.to_json())
+    try:
+        assert load(path).encode(text) == tok.encode(text)
+    finally:
+        path.unlink()
+
+
+@pytest.mark.parametrize(("mlp", "positions"), [("gelu", "learned"), ("swiglu", "rope")])
+def test_decoder_is_causal(mlp, positions):
+    torch.manual_seed(0)
+    cfg = CausalLmConfig(n_layer=2, n_head=2, d_model=16, context=12, mlp=mlp, positions=positions)
+    model = CausalLm(cfg, 20).eval()
+    a = torch.randint(0, 20, (1, 12))
+    b = a.clone()
+    b[0, 7:] = (b[0, 7:] + 1) % 20  # change the future only
+    with torch.no_grad():
+        assert torch.equal(model(a)[0, :7], model(b)[0, :7])
+        assert not torch.equal(model(a)[0, 7:], model(b)[0, 7:])
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(2, 90), context=st.integers(2, 16))
+def test_scoring_predicts_every_token_after_the_first_exactly_once(n, context):
+    torch.manual_seed(n)
+    model = CausalLm(CausalLmConfig(n_layer=1, n_head=1, d_model=8, context=context), 11).eval()
+    ids = torch.randint(0, 11, (n,))
+    got = lm_eval.score(model, ids, context, torch.device("cpu"), batch=3)
+    want = 0.0
+    with torch.no_grad():
+        for s in range(0, n - 1, context):  # by hand: one window after the other
+            w = ids[s : min(s + context + 1, n)]
+            want += float(F.cross_entropy(model(w[None, :-1])[0], w[1:], reduction="sum"))
+    assert got.tokens == n - 1 and got.windows == math.ceil((n - 1) / context)
+    assert got.nats == pytest.approx(want, rel=1e-5)
+
+
+def test_spec_rules_for_language_models():
+    base = {
+        "kind": "model",
+        "data": "specs/data/tinyshakespeare.yaml",
+        "family": "causal_lm",
+        "causal_lm": {},
+        "budget": {"train_minutes": 5, "max_minutes": 10},
+    }
+    ModelSpec.model_validate(base)
+    for bad, needle in [
+        ({**base, "steps": 10}, "exactly one of steps"),
+        ({**base, "budget": {"train_minutes": 20, "max_minutes": 10}}, "above budget.max_minutes"),
+        ({**base, "causal_lm": {"d_model": 30, "n_head": 4}}, "multiple of n_head"),
+        ({**base, "causal_lm": {"tokenizer": {"kind": "bpe"}}}, "needs vocab_size"),
+        ({**base, "family": "ngram", "ngram": {}, "causal_lm": None}, "applies to family causal_lm"),
+    ]:
+        with pytest.raises(ValueError, match=needle):
+            ModelSpec.model_validate(bad)
+
+
+# ------------------------------------------------------------------------- end to end
