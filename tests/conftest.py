@@ -6,9 +6,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
+
+# The project's numeric pin (numerics.py), before a test module imports numpy or torch, as the
+# `reprogate` entry point sets it for every stage process: in-process stages check it.
+from reprogate import numerics  # noqa: E402
+
+numerics.pin(REPO)
+
+import pytest  # noqa: E402
+
 SHARED = REPO.parent / "shared" / "datasets"
 BIN = Path(sys.executable).parent
 

@@ -18,7 +18,7 @@ LAYERS = {
     ],
     "specs": ["specs", "records", "lm_records", "headline", "runlog", "registry_tables"],
     "core": [
-        "runtime", "models", "data", "tables", "fetch", "checkpoint", "distributed", "ray_engine",
+        "numerics", "runtime", "models", "data", "tables", "fetch", "checkpoint", "distributed", "ray_engine",
         "objectives", "trainer", "plan", "training", "model_folder", "lm_tokenizer", "lm_eval",
         "lm_training", "lm_plan",
     ],

@@ -17,9 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reprogate import lm_eval
+from reprogate import plan as plan_mod
 from reprogate.models.causal_lm import CausalLm
 from reprogate.specs import ModelSpec, TextSpec, load_spec
-from reprogate.specs.lm import CausalLmConfig
+from reprogate.specs.lm import CausalLmConfig, PlanSpec
 from reprogate.stages import corpus
 from tests.conftest import REPO
 
@@ -140,7 +141,7 @@ def test_spec_rules_for_language_models():
     ModelSpec.model_validate(base)
     for bad, needle in [
         ({**base, "steps": 10}, "exactly one of steps"),
-        ({**base, "budget": {"train_minutes": 20, "max_minutes": 10}}, "above budget.max_minutes"),
+        ({**base, "budget": {"train_minutes": 5, "max_slowdown": 1.0}}, "greater than 1"),
         ({**base, "causal_lm": {"d_model": 30, "n_head": 4}}, "multiple of n_head"),
         ({**base, "causal_lm": {"tokenizer": {"kind": "bpe"}}}, "needs vocab_size"),
         ({**base, "family": "ngram", "ngram": {}, "causal_lm": None}, "applies to family causal_lm"),
@@ -150,3 +151,53 @@ def test_spec_rules_for_language_models():
 
 
 # ------------------------------------------------------------------------- end to end
+
+
+def _committed_plan(update_s: float) -> PlanSpec:
+    return PlanSpec.model_validate(
+        {
+            "kind": "plan", "model": "gpt", "train_minutes": 5.0, "speed_key": "0" * 64, "steps": 6000,
+            "measured": {
+                "update_s": update_s, "checkpoint_s": 0.0, "updates_timed": 30, "tokens_per_s": 1.0,
+                "device": "cpu", "host": "h", "cpu": "Planner CPU", "threads": 2, "torch": "2.13.0",
+                "at": "2026-12-02T01:00:00+00:00",
+            },
+        }
+    )  # fmt: skip
+
+
+def test_a_planned_run_may_take_max_slowdown_times_its_plan():
+    spec = ModelSpec.model_validate(
+        {
+            "kind": "model", "data": "specs/data/tinyshakespeare.yaml", "family": "causal_lm",
+            "causal_lm": {}, "budget": {"train_minutes": 5, "max_minutes": 1},
+            "checkpoint": {"every_steps": 500},
+        }
+    )  # fmt: skip
+    committed = _committed_plan(0.05)  # 6,000 x 50 ms: 5 planned minutes
+    # max_minutes (1) would cut it short; the planned run's limit is 3 x its 5 minutes.
+    assert plan_mod.time_limit(spec, committed) == pytest.approx(15.0)
+    assert plan_mod.time_limit(spec) == 1.0
+
+    def over(minutes: float, step: int):
+        dog = plan_mod.BudgetWatchdog(
+            spec,
+            Path("lm/specs/models/gpt.yaml"),
+            "gpt",
+            None,
+            torch.device("cpu"),
+            0.0,
+            None,
+            print,
+            committed,
+        )
+        dog.first_step = 0
+        dog.since = plan_mod.time.perf_counter() - minutes * 60
+        trainer = type("T", (), {"world": 1, "total_steps": 6000})()
+        trainer.progress = type("P", (), {"global_step": step})()
+        return dog.over_budget(trainer)
+
+    assert over(12.0, 5000) is None  # 2.9x slower than planned: finishes inside the limit
+    said = over(1.0, 300)  # 200 ms per update: 4x slower, would need 20 min
+    assert said and "4.0x slower than the committed plan" in said and "Planner CPU" in said
+    assert "reprogate plan gpt --write" in said and "max_slowdown" in said

@@ -68,7 +68,7 @@ def launch(root: Path, argv: list[str], processes: int, spec_path: Path, max_res
         try:
             # The agent starts workers in its own folder: the project's, as `root` says.
             with contextlib.chdir(root):
-                elastic_launch(config, sys.executable)("-m", "reprogate.cli", *argv)
+                elastic_launch(config, sys.executable)("-m", "reprogate", *argv)
             return ""  # rank 0 printed the run's summary
         except ChildFailedError as e:
             failures = e.failures

@@ -1,6 +1,7 @@
 """What every pipeline stage takes, returns and declares to DVC.
 
 A stage is one module under stages/ with `PER_MODEL`, `dvc(pipeline)` and `run(context)`:
+- NUMERIC (optional): True when its outputs are floats, so params.yaml's numerics is its param;
 - PER_MODEL: None for a stage of the whole pipeline, else which models it runs for ("all",
   "trained" or "ensembles"), one DVC `foreach` item each;
 - dvc(p): its data dependencies, params, outs, metrics and plots (`reprogate compile` adds the

@@ -89,17 +89,48 @@ def measure(setup, warmup: int = 2, timed: int = 8, max_seconds: float = 20.0) -
         device_peak_gb=device_peak,
         projected_minutes=seconds / 60,
         projected_memory_gb=max(memory, (device_peak or 0.0) * MEMORY_MARGIN),
-        budget_minutes=spec.budget.max_minutes,
+        budget_minutes=time_limit(spec, getattr(setup, "plan", None)),
         budget_memory_gb=spec.budget.max_memory_gb,
     )
 
 
-def check_budget(plan: Plan, spec, spec_path: Path) -> None:
+def planned_minutes(spec, committed) -> float:
+    """What a committed plan (lm's specs/models/<m>.plan.yaml) measured its updates would take."""
+    m = committed.measured
+    return committed.steps * (m.update_s + m.checkpoint_s / spec.checkpoint.every_steps) / 60
+
+
+def time_limit(spec, committed=None) -> float:
+    """The minutes a run may train: budget.max_minutes, or for a planned run max_slowdown x its
+    plan's minutes, so that a machine that much slower than the one that planned it still trains
+    the committed updates (a fixed limit would cut the same run short on a slower CPU)."""
+    if committed is None:
+        return spec.budget.max_minutes
+    return spec.budget.max_slowdown * planned_minutes(spec, committed)
+
+
+def _too_slow(spec, spec_path: Path, committed, update_s: float, name: str) -> str:
+    m = committed.measured
+    project = Path(spec_path).resolve().parent.parent.parent
+    return (
+        f"this machine runs {update_s / m.update_s:.1f}x slower than the committed plan measured "
+        f"({update_s * 1000:.1f} ms per update here, {m.update_s * 1000:.1f} ms on {m.cpu}, {m.threads} "
+        f"threads, {m.at[:10]}), so its {committed.steps} updates need ~"
+        f"{committed.steps * update_s / 60:.1f} min, past budget.max_slowdown {spec.budget.max_slowdown:g} "
+        f"x the planned {planned_minutes(spec, committed):.1f} min. To train the committed plan here, "
+        f"raise budget.max_slowdown; to fit train_minutes on this machine instead, measure it again: "
+        f"`cd {project} && reprogate plan {name} --write` and commit the plan (another plan is another run)"
+    )
+
+
+def check_budget(plan: Plan, spec, spec_path: Path, committed=None, name: str = "") -> None:
     over = []
-    if plan.projected_minutes > spec.budget.max_minutes:
+    limit = time_limit(spec, committed)
+    if plan.projected_minutes > limit:
         over.append(
-            f"projected time {plan.projected_minutes:.1f} min exceeds budget.max_minutes "
-            f"{spec.budget.max_minutes:g}"
+            _too_slow(spec, spec_path, committed, plan.update_s, name)
+            if committed
+            else f"projected time {plan.projected_minutes:.1f} min exceeds budget.max_minutes {limit:g}"
         )
     if plan.projected_memory_gb > spec.budget.max_memory_gb:
         over.append(
@@ -120,9 +151,13 @@ class BudgetWatchdog:
     when it is already twice its plan. Every rank decides alike (time and memory are gathered),
     so all stop together."""
 
-    def __init__(self, spec, spec_path: Path, name: str, plan: Plan | None, device, since: float, saver, log):
+    def __init__(
+        self, spec, spec_path: Path, name: str, plan: Plan | None, device, since: float, saver, log,
+        committed=None,
+    ):  # fmt: skip
         self.spec, self.spec_path, self.name, self.plan, self.device = spec, spec_path, name, plan, device
         self.since, self.saver, self.log, self.warned = since, saver, log, False
+        self.committed, self.first_step = committed, None
 
     def over_budget(self, trainer) -> str | None:
         minutes = (time.perf_counter() - self.since) / 60
@@ -131,8 +166,18 @@ class BudgetWatchdog:
             seen = distributed.gather((minutes, memory), trainer.world)
             minutes, memory = max(m for m, _ in seen), sum(g for _, g in seen)
         budget = self.spec.budget
-        if minutes > budget.max_minutes:
-            return f"{minutes:.2f} min of training passed budget.max_minutes {budget.max_minutes:g}"
+        limit = time_limit(self.spec, self.committed)
+        if self.committed is not None:
+            step = trainer.progress.global_step
+            self.first_step = step if self.first_step is None else self.first_step
+            done = max(step - self.first_step, 1)
+            update_s = minutes * 60 / done
+            # After a fair sample, a run that cannot finish within the limit stops now, not later.
+            will_pass = done >= 50 and update_s * (trainer.total_steps - step) / 60 + minutes > limit
+            if will_pass or minutes > limit:
+                return _too_slow(self.spec, self.spec_path, self.committed, update_s, self.name)
+        elif minutes > limit:
+            return f"{minutes:.2f} min of training passed budget.max_minutes {limit:g}"
         if memory > budget.max_memory_gb:
             return f"peak memory {memory:.2f} GB passed budget.max_memory_gb {budget.max_memory_gb:g}"
         if self.plan and not self.warned and minutes > 2 * self.plan.projected_minutes:

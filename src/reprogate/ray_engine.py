@@ -25,14 +25,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from reprogate import checkpoint
+from reprogate import checkpoint, numerics
 from reprogate.atomic import write_file
 from reprogate.errors import UserError
 from reprogate.pause import ATTEMPT_ENV
 
 IN_WORKER_ENV = "REPROGATE_RAY_WORKER"
 # What a worker needs from the driver's environment (a cluster's workers do not inherit it).
-FORWARDED = ("REPROGATE_", "HF_", "TRANSFORMERS_", "CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED")
+FORWARDED = (
+    "REPROGATE_", "HF_", "TRANSFORMERS_", "CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED",
+    *numerics.VARIABLES,  # a worker of a cluster started elsewhere gets the pin at its start
+)  # fmt: skip
 
 
 def in_worker() -> bool:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from reprogate import numerics
 from reprogate.errors import UserError
 from reprogate.specs import ModelSpec
 
@@ -109,6 +110,11 @@ def environment(device) -> dict[str, str]:
         except metadata.PackageNotFoundError:
             env[pkg] = "absent"
     env["device"] = str(device)
+    # The pinned numeric environment (numerics.py), never the CPU's name: a run on another CPU
+    # of the same level is the same run.
+    env["numerics"] = os.environ.get(numerics.PINNED_ENV, "unpinned")
+    env["aten_capability"] = numerics.aten_capability()
+    env["libc"] = " ".join(platform.libc_ver())
     if device.type == "cuda":
         import torch
 

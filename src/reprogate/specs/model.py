@@ -114,7 +114,19 @@ class CheckpointConfig(Strict):
 
 
 class Budget(Strict):
-    max_minutes: float = Field(60.0, gt=0)
+    max_minutes: float = Field(
+        60.0,
+        gt=0,
+        description="the wall-clock limit of a run of fixed steps or epochs (a planned run's "
+        "limit is max_slowdown x its plan's minutes instead)",
+    )
+    max_slowdown: float = Field(
+        3.0,
+        gt=1.0,
+        description="a planned run (budget.train_minutes) may take this many times the minutes its "
+        "committed plan measured, so a machine up to this much slower still trains the committed number "
+        "of updates; past it the run stops checkpointed and says how much slower this machine is",
+    )
     max_memory_gb: float = Field(8.0, gt=0)
     train_minutes: float | None = Field(
         None,
@@ -329,11 +341,6 @@ class ModelSpec(Strict):
                 "give exactly one of steps (optimizer updates) or epochs"
                 + (" or budget.train_minutes" if self.family == "causal_lm" else "")
                 + f"; got {', '.join(given) or 'none'}"
-            )
-        if minutes is not None and minutes > self.budget.max_minutes:
-            raise ValueError(
-                f"budget.train_minutes ({minutes:g}) is above budget.max_minutes "
-                f"({self.budget.max_minutes:g}), where a run is stopped; raise max_minutes"
             )
 
     def _ensemble_rules(self) -> ModelSpec:

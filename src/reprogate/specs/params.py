@@ -2,9 +2,30 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from reprogate.specs.base import Folders, ModelName, Strict
+
+CpuLevel = Literal["x86-64-v2", "x86-64-v3", "x86-64-v4", "native"]
+
+
+class Numerics(Strict):
+    """The numeric environment every stage process runs in (see numerics.py): the code paths
+    the math libraries take, fixed before torch or numpy loads, so that a commit reproduces
+    bitwise on any CPU that meets the level, not only on the one that made it."""
+
+    cpu_level: CpuLevel = Field(
+        "x86-64-v3",
+        description="the x86-64 micro-architecture level every float kernel is held to: x86-64-v2 "
+        "(SSE4.2), x86-64-v3 (AVX2 + FMA: most x86 CPUs since 2015), x86-64-v4 (AVX-512); it fixes "
+        "ATen's CPU capability, MKL's conditional numerical reproducibility branch, oneDNN's and "
+        "fbgemm's instruction sets, numpy's SIMD dispatch and OpenBLAS's kernels (deterministic "
+        "algorithms are always on). `native` pins "
+        "nothing: each CPU takes its own fastest paths and a commit reproduces only on its own "
+        "kind of CPU",
+    )
 
 
 class Params(Strict):
@@ -29,4 +50,9 @@ class Params(Strict):
         description="where `reprogate registry sync` keeps its Delta Lake tables: a folder (relative "
         "to the project; git-ignored by default) or any URI deltalake accepts (s3://, gs://, abfss://, "
         "a Unity Catalog volume path)",
+    )
+    numerics: Numerics = Field(
+        default_factory=Numerics,
+        description="the pinned numeric environment of every stage process (threads are each model "
+        "spec's `threads`)",
     )

@@ -11,7 +11,7 @@ import importlib
 import time
 from types import ModuleType
 
-from reprogate import paths, runlog
+from reprogate import numerics, paths, runlog
 from reprogate.errors import UserError
 from reprogate.pipeline import Context, Result
 
@@ -38,6 +38,7 @@ def run(name: str, ctx: Context) -> Result:
     stage = module(name)
     if stage.PER_MODEL and not ctx.model:
         raise UserError(f"stage {name} needs a model name, e.g. `reprogate stage {name} ngram`.")
+    numerics.check(ctx.root)  # the pin is in force, or the stage refuses before any work
     started = time.perf_counter()
     result = stage.run(ctx)
     if result.summary:

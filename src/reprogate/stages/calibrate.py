@@ -33,6 +33,7 @@ from reprogate.records import CalibrationRecord, write
 from reprogate.specs import DataSpec, GateSpec, Pipeline, load_pipeline, load_spec
 
 PER_MODEL = "all"
+NUMERIC = True  # its outputs are floats: it reruns when params.yaml's numerics change
 
 
 def dvc(p: Pipeline) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from reprogate.records import CombineRecord, write
 from reprogate.specs import OOS_LABEL, ModelSpec, Pipeline, load_spec
 
 PER_MODEL = "ensembles"
+NUMERIC = True  # its outputs are floats: it reruns when params.yaml's numerics change
 MAX_MEMBERS = 4  # DVC templates take scalars only: four member slots, the last member repeated
 
 

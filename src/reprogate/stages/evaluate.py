@@ -31,6 +31,7 @@ from reprogate.specs import DataSpec, Pipeline, load_spec
 from reprogate.stats import bootstrap_ci, macro_f1, per_class
 
 PER_MODEL = "all"
+NUMERIC = True  # its outputs are floats: it reruns when params.yaml's numerics change
 
 
 def dvc(p: Pipeline) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from reprogate.runtime import configure_mps_env, seed_everything, select_device
 from reprogate.specs import ModelSpec, Pipeline, load_spec
 
 PER_MODEL = "trained"
+NUMERIC = True  # its outputs are floats: it reruns when params.yaml's numerics change
 
 
 def dvc(p: Pipeline) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from reprogate.runtime import scoring_device, seed_everything
 from reprogate.specs import ModelSpec, Pipeline, TextSpec, load_spec
 
 PER_MODEL = "all"
+NUMERIC = True  # its outputs are floats: it reruns when params.yaml's numerics change
 SETS = ("validation", "train")
 
 

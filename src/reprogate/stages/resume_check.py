@@ -40,6 +40,7 @@ from reprogate.records import ResumeRecord, write
 from reprogate.specs import ModelSpec, Pipeline, load_spec
 
 PER_MODEL = "trained"
+NUMERIC = True  # its outputs are floats: it reruns when params.yaml's numerics change
 # It runs the train stage as child processes: that stage's code is this one's too.
 RUNS = ("train",)
 
@@ -82,7 +83,7 @@ def run_child(
     cmd = [
         sys.executable,
         "-m",
-        "reprogate.cli",
+        "reprogate",
         "stage",
         "train",
         name,

@@ -38,6 +38,7 @@ from reprogate.trainer import Trainer
 from reprogate.training import Paths, Setup, processes_to_launch, validation_accuracy
 
 PER_MODEL = "trained"
+NUMERIC = True  # its outputs are floats: it reruns when params.yaml's numerics change
 RECORD_FIELDS = {*TrainRecord.model_fields, *LmTrainRecord.model_fields}
 
 
@@ -76,7 +77,7 @@ def _plan(setup: Setup, world: int, log) -> Plan:
             max(plans, key=lambda p: p.projected_minutes),
             projected_memory_gb=sum(p.projected_memory_gb for p in plans),
         )
-    check_budget(plan, setup.spec, setup.paths.spec)
+    check_budget(plan, setup.spec, setup.paths.spec, getattr(setup, "plan", None), setup.paths.name)
     log(plan.line())
     return plan
 
@@ -128,7 +129,10 @@ def train(root: Path, paths: Paths, skip_plan: bool = False, log=None) -> dict[s
     saver = checkpoint.Checkpointer(
         paths.run / "checkpoints", every, keep, setup.fingerprint, rank, on_commit
     )
-    watchdog = BudgetWatchdog(setup.spec, paths.spec, paths.name, plan, setup.device, since, saver, log)
+    committed = getattr(setup, "plan", None)  # a language model's committed plan
+    watchdog = BudgetWatchdog(
+        setup.spec, paths.spec, paths.name, plan, setup.device, since, saver, log, committed
+    )
 
     fingerprint = Fingerprint(**setup.fingerprint, total_steps=setup.total_steps)
     key = train_key(fingerprint)

@@ -1,0 +1,115 @@
+"""The pinned numeric environment (numerics.py): what it sets, what it refuses, and the proof
+that it makes a run's bits independent of the CPU's own code paths.
+
+Another CPU is played on this one the way the math libraries see a CPU: MKL's instruction cap
+(MKL_ENABLE_INSTRUCTIONS=AVX2 is how MKL sees a CPU without AVX-512) and ATen's capability
+(ATEN_CPU_CAPABILITY=avx2, what ATen picks on such a CPU). Unpinned (`cpu_level: native`), the
+same training run on the two "machines" ends in other weights, optimizer state, predictions and
+eval.json; pinned (x86-64-v3), byte for byte the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reprogate import numerics
+from reprogate.errors import UserError
+from reprogate.specs.params import Numerics
+from tests.conftest import TINY_NGRAM, make_home_project, write_model_spec
+
+# How MKL and ATen see a CPU without AVX-512 (this machine has it).
+NO_AVX512 = {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+STAGES = ("features", "train", "calibrate", "evaluate")
+
+
+def _outputs(root: Path) -> dict[str, str]:
+    """sha256 of every file a user or the gate reads of the run, plus the optimizer state."""
+    files = [root / "models/tiny/model.safetensors", root / "results/tiny/eval.json"]
+    files += sorted((root / "predictions/tiny").glob("*.jsonl"))
+    files += sorted((root / "runs/tiny").rglob("optimizer*"))
+    assert len(files) > 4 and all(f.is_file() for f in files), files
+    return {str(f.relative_to(root)): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+
+
+def _run(tmp: Path, level: str, machine: dict[str, str]) -> dict[str, str]:
+    root = make_home_project(tmp)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["numerics"] = {"cpu_level": level}
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    write_model_spec(root, "tiny", dict(TINY_NGRAM, threads=2))
+    # A process as another machine starts it: nothing of this one's pin inherited.
+    env = {k: v for k, v in os.environ.items() if k not in numerics.VARIABLES} | machine
+    for stage in STAGES:
+        proc = subprocess.run(
+            [sys.executable, "-m", "reprogate", "stage", stage, "tiny"],
+            cwd=root, env=env, capture_output=True, text=True,
+        )  # fmt: skip
+        assert proc.returncode == 0, f"{stage} ({level}, {machine}):\n{proc.stderr[-3000:]}"
+    return _outputs(root)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[tuple[str, str], dict[str, str]]:
+    out = {}
+    for level in ("native", "x86-64-v3"):
+        for name, machine in (("this", {}), ("no_avx512", NO_AVX512)):
+            out[level, name] = _run(tmp_path_factory.mktemp(f"{level}-{name}"), level, machine)
+    return out
+
+
+def test_unpinned_runs_change_bits_with_the_cpu(runs):
+    a, b = runs["native", "this"], runs["native", "no_avx512"]
+    differ = {f for f in a if a[f] != b[f]}
+    assert "models/tiny/model.safetensors" in differ and any("optimizer" in f for f in differ), differ
+
+
+def test_pinned_runs_are_bitwise_equal_across_cpus(runs):
+    assert runs["x86-64-v3", "this"] == runs["x86-64-v3", "no_avx512"]
+
+
+def test_the_pin_sets_each_library_and_the_thread_rules():
+    env = numerics.variables(Numerics(cpu_level="x86-64-v3"))
+    assert env["ATEN_CPU_CAPABILITY"] == "avx2" and env["MKL_CBWR"] == "AVX2"
+    assert env["ONEDNN_MAX_CPU_ISA"] == "AVX2" and env["MKL_DYNAMIC"] == "FALSE"
+    assert "X86_V4" in env["NPY_DISABLE_CPU_FEATURES"].split()
+    assert set(numerics.variables(Numerics(cpu_level="native"))) == set(numerics.ALWAYS)
+
+
+def test_a_cpu_without_the_level_is_refused(monkeypatch):
+    monkeypatch.setattr(numerics, "cpu_flags", lambda: {"sse4_2", "popcnt", "ssse3", "avx"})
+    with pytest.raises(UserError) as e:
+        numerics.refuse_unless_honoured(Numerics(cpu_level="x86-64-v3"), "params.yaml")
+    said = str(e.value)
+    assert "numerics.cpu_level" in said and "x86-64-v3" in said and "lacks avx2" in said
+    assert "native" in said  # the way out is named
+    numerics.refuse_unless_honoured(Numerics(cpu_level="native"), "params.yaml")
+
+
+def test_another_architecture_is_refused(monkeypatch):
+    monkeypatch.setattr(numerics.platform, "machine", lambda: "arm64")
+    with pytest.raises(UserError, match="x86-64 level, but this machine is arm64"):
+        numerics.refuse_unless_honoured(Numerics(cpu_level="x86-64-v4"), "params.yaml")
+
+
+def test_a_stage_refuses_a_process_the_pin_did_not_reach(tmp_path, monkeypatch):
+    root = make_home_project(tmp_path)
+    monkeypatch.setenv("MKL_CBWR", "AVX512")  # as if MKL had loaded under another branch
+    with pytest.raises(UserError) as e:
+        numerics.check(root)
+    assert "MKL_CBWR='AVX512'" in str(e.value) and "python -m reprogate" in str(e.value)
+
+
+def test_a_bad_level_is_a_spec_error(tmp_path):
+    root = make_home_project(tmp_path)
+    (root / "params.yaml").write_text((root / "params.yaml").read_text() + "numerics: {cpu_level: avx3}\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "reprogate", "validate", "specs/"], cwd=root, capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and "numerics.cpu_level" in proc.stderr and "Traceback" not in proc.stderr
