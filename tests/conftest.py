@@ -75,6 +75,15 @@ def copy_project(dest: Path) -> Path:
     return dest
 
 
+# How MKL and ATen see a CPU without AVX-512 (this machine has it): another machine, played here.
+NO_AVX512 = {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+
+
+def as_another_machine(machine: dict[str, str]) -> dict[str, str]:
+    """The environment of a process another machine starts: nothing of this one's pin inherited."""
+    return {k: v for k, v in os.environ.items() if k not in numerics.VARIABLES} | machine
+
+
 TINY_NGRAM = {
     "kind": "model",
     "data": "specs/data/home.yaml",

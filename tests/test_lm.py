@@ -9,6 +9,7 @@ import json
 import math
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 
 from reprogate.specs import ModelSpec, load_spec
 from reprogate.stages import resume_check
-from tests.conftest import BIN, REPO, copy_project, git_cmd, run_cli
+from tests.conftest import BIN, NO_AVX512, REPO, as_another_machine, copy_project, git_cmd, run_cli
 
 FIXTURE = REPO / "tests" / "fixtures" / "lm" / "corpus.txt"
 FIXTURE_SHA = "2422657bc7b644b31019286f6c6b795df70af3b05055e2725303c8a4dc8fc40e"
@@ -276,3 +277,46 @@ def test_promote_generate_and_serve_a_language_model(lm_project):
             assert c.post("/generate", json=body).status_code == 422, body
         assert c.post("/predict", json={"text": "A"}).status_code == 409
         assert c.get("/version").json()["family"] == "causal_lm"
+
+
+def test_the_numeric_pin_makes_a_language_model_independent_of_the_cpu(lm_project, lm_reference):
+    """tests/test_numerics.py's proof for the language model: the same run on this CPU and on one
+    without AVX-512 (as MKL and ATen see it) differs unpinned and is bitwise equal pinned."""
+    spec_path, _ = lm_reference
+    params = lm_project / "params.yaml"
+    original = params.read_text()
+    digests = {}
+    try:
+        for level in ("native", "x86-64-v3"):
+            pinned = dict(yaml.safe_load(original), numerics={"cpu_level": level})
+            params.write_text(yaml.safe_dump(pinned, sort_keys=False))
+            for name, machine in (("this", {}), ("no_avx512", NO_AVX512)):
+                work = spec_path.parent / f"numerics-{level}-{name}"
+                cmd = [
+                    "stage",
+                    "train",
+                    "gpt",
+                    "--spec",
+                    str(spec_path),
+                    "--work-dir",
+                    str(work),
+                    "--skip-plan",
+                ]
+                proc = subprocess.run(
+                    [sys.executable, "-m", "reprogate", *cmd],
+                    cwd=lm_project, env=as_another_machine(machine), capture_output=True, text=True,
+                )  # fmt: skip
+                assert proc.returncode == 0, proc.stderr[-3000:]
+                files = [
+                    work / "model" / "model.safetensors",
+                    *sorted((work / "checkpoints").rglob("optimizer*")),
+                ]
+                assert len(files) > 1
+                digests[level, name] = {
+                    str(f.relative_to(work)): hashlib.sha256(f.read_bytes()).hexdigest() for f in files
+                }
+    finally:
+        params.write_text(original)
+    unpinned_a, unpinned_b = digests["native", "this"], digests["native", "no_avx512"]
+    assert unpinned_a["model/model.safetensors"] != unpinned_b["model/model.safetensors"]
+    assert digests["x86-64-v3", "this"] == digests["x86-64-v3", "no_avx512"]

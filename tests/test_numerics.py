@@ -11,7 +11,6 @@ eval.json; pinned (x86-64-v3), byte for byte the same.
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,10 +21,8 @@ import yaml
 from reprogate import numerics
 from reprogate.errors import UserError
 from reprogate.specs.params import Numerics
-from tests.conftest import TINY_NGRAM, make_home_project, write_model_spec
+from tests.conftest import NO_AVX512, TINY_NGRAM, as_another_machine, make_home_project, write_model_spec
 
-# How MKL and ATen see a CPU without AVX-512 (this machine has it).
-NO_AVX512 = {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 STAGES = ("features", "train", "calibrate", "evaluate")
 
 
@@ -45,7 +42,7 @@ def _run(tmp: Path, level: str, machine: dict[str, str]) -> dict[str, str]:
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     write_model_spec(root, "tiny", dict(TINY_NGRAM, threads=2))
     # A process as another machine starts it: nothing of this one's pin inherited.
-    env = {k: v for k, v in os.environ.items() if k not in numerics.VARIABLES} | machine
+    env = as_another_machine(machine)
     for stage in STAGES:
         proc = subprocess.run(
             [sys.executable, "-m", "reprogate", "stage", stage, "tiny"],
