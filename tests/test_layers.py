@@ -27,7 +27,7 @@ LAYERS = {
     "entry points": [
         "cli", "cli_lm", "compile", "promote", "promote_commit", "remote", "report", "revision",
         "report_markdown", "report_plots", "serve", "__main__", "registry", "registry_collect",
-        "registry_store", "registry_query", "registry_lm",
+        "registry_store", "registry_query", "registry_lm", "verify",
     ],
 }  # fmt: skip
 MODULES = imports.modules()

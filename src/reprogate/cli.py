@@ -202,6 +202,14 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verify(args: argparse.Namespace) -> int:
+    from reprogate.verify import verify
+
+    status, said = verify(_project(), args.rev, Path(args.rebuilt) if args.rebuilt else None, args.tolerance)
+    print(said)
+    return status
+
+
 def _positive(value: str) -> int:
     if not value.isdigit() or int(value) < 1:
         raise argparse.ArgumentTypeError(f"{value!r} is not a positive whole number")
@@ -290,6 +298,16 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--model", help="serve this model folder instead of production (not watched)")
     sv.add_argument("--device", choices=DEVICES, default="auto", help=DEVICE_HELP)
     sv.set_defaults(func=_serve)
+
+    ve = sub.add_parser(
+        "verify", help="rebuild a commit from nothing here and say, per output, if it reproduced"
+    )
+    ve.add_argument("rev", nargs="?", default="HEAD", help="the commit (default HEAD)")
+    ve.add_argument("--rebuilt", help="compare this folder, already rebuilt (a fresh clone after make repro)")
+    ve.add_argument(
+        "--tolerance", type=float, default=1e-6, help="largest difference of a JSON number called equal"
+    )
+    ve.set_defaults(func=_verify)
 
     cli_lm.add_parsers(sub, _positive, DEVICE_HELP)
     return p
