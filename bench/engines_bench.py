@@ -39,7 +39,7 @@ def run_once(spec: dict, folder: Path) -> dict:
     spec_path = folder / "ngram.yaml"
     spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
     work = folder / "work"
-    cmd = [sys.executable, "-m", "reprogate.cli", "stage", "train", "ngram", "--spec", str(spec_path)]
+    cmd = [sys.executable, "-m", "reprogate", "stage", "train", "ngram", "--spec", str(spec_path)]
     cmd += ["--work-dir", str(work), "--skip-plan"]
     started = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)

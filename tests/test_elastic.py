@@ -33,7 +33,7 @@ def _train(root: Path, work: Path, env: dict[str, str], name: str = "ranks") -> 
     cmd = [
         sys.executable,
         "-m",
-        "reprogate.cli",
+        "reprogate",
         "stage",
         "train",
         name,
@@ -137,7 +137,7 @@ def test_two_torchrun_agents_on_loopback_are_two_nodes_of_one_run_and_recover_a_
     endpoint = f"127.0.0.1:{_free_port()}"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
     torchrun += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "two-nodes"]
-    torchrun += ["--local-addr", "127.0.0.1", "--max-restarts", "1", "-m", "reprogate.cli"]
+    torchrun += ["--local-addr", "127.0.0.1", "--max-restarts", "1", "-m", "reprogate"]
     torchrun += ["stage", "train", "ranks", "--work-dir", str(work), "--skip-plan"]
     env = {
         **os.environ,
