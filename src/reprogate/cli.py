@@ -223,6 +223,18 @@ def _port(value: str) -> int:
     return port
 
 
+def _add_verify(sub) -> None:
+    ve = sub.add_parser(
+        "verify", help="rebuild a commit from nothing here and say, per output, if it reproduced"
+    )
+    ve.add_argument("rev", nargs="?", default="HEAD", help="the commit (default HEAD)")
+    ve.add_argument("--rebuilt", help="compare this folder, already rebuilt (a fresh clone after make repro)")
+    ve.add_argument(
+        "--tolerance", type=float, default=1e-6, help="largest difference of a JSON number called equal"
+    )
+    ve.set_defaults(func=_verify)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="reprogate", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -299,15 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--device", choices=DEVICES, default="auto", help=DEVICE_HELP)
     sv.set_defaults(func=_serve)
 
-    ve = sub.add_parser(
-        "verify", help="rebuild a commit from nothing here and say, per output, if it reproduced"
-    )
-    ve.add_argument("rev", nargs="?", default="HEAD", help="the commit (default HEAD)")
-    ve.add_argument("--rebuilt", help="compare this folder, already rebuilt (a fresh clone after make repro)")
-    ve.add_argument(
-        "--tolerance", type=float, default=1e-6, help="largest difference of a JSON number called equal"
-    )
-    ve.set_defaults(func=_verify)
+    _add_verify(sub)
 
     cli_lm.add_parsers(sub, _positive, DEVICE_HELP)
     return p
