@@ -122,10 +122,10 @@ def refuse_unless_honoured(numerics: Numerics, where: str) -> None:
 
 
 def read(root: Path) -> Numerics:
-    """params.yaml's numerics, validated as the rest of the file is."""
-    from reprogate.specs.loader import load_params
+    """params.yaml's numerics (only that field: see specs.loader.load_numerics)."""
+    from reprogate.specs.loader import load_numerics
 
-    return load_params(root).numerics
+    return load_numerics(root)
 
 
 def pin(root: Path | None) -> Numerics | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from reprogate import paths
 from reprogate.errors import UserError, format_validation_error
@@ -24,7 +24,7 @@ from reprogate.specs.data import DataSpec, LocalSource
 from reprogate.specs.gate import GateSpec
 from reprogate.specs.lm import PlanSpec
 from reprogate.specs.model import ModelSpec
-from reprogate.specs.params import Params
+from reprogate.specs.params import Numerics, Params
 from reprogate.specs.reading import read_yaml
 from reprogate.specs.roots import allowed_roots, confine
 from reprogate.specs.text import TextSpec
@@ -255,6 +255,25 @@ def resolve_encoder_path(model: str, root: Path) -> str:
         f"encoder.model is '{model}': not a folder under {root}, not 'package:MODULE/SUBDIR', "
         "and not a pinned hub id 'org/name@<40-hex commit>'"
     )
+
+
+class _NumericsOnly(BaseModel):
+    """params.yaml as the pin reads it: its `numerics` alone, the rest checked by each command."""
+
+    model_config = {"extra": "ignore"}
+    numerics: Numerics = Field(default_factory=Numerics)
+
+
+def load_numerics(root: Path) -> Numerics:
+    """params.yaml's `numerics`, validated on its own: the entry point pins it before any command
+    runs, and a command that does not read the pipeline (`remote`, a stage run in a scratch
+    folder) must not fail on another field it never uses."""
+    path = root / paths.PARAMS
+    raw = read_yaml(path)
+    try:
+        return _NumericsOnly.model_validate(raw if isinstance(raw, dict) else {}).numerics
+    except ValidationError as err:
+        raise UserError(format_validation_error(path, err, Params)) from None
 
 
 def load_params(root: Path) -> Params:
