@@ -20,13 +20,14 @@ import os
 import subprocess
 import sys
 import tempfile
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from reprogate import dvc_cli, git
+from reprogate import dvc_cli, git, numerics
 from reprogate.errors import UserError
 from reprogate.specs.roots import mirror_dirs
 
@@ -97,6 +98,28 @@ def compare(root: Path, rev: str, rebuilt: Path, tolerance: float) -> list[Verdi
     return out
 
 
+def launcher(tree: Path, into: Path) -> Path:
+    """A `reprogate` command running the commit's own entry point (its pyproject's script, which
+    an older commit names differently from this one's), on this environment's Python. The folder
+    holding it goes first on PATH, so DVC's `reprogate stage ...` lines run the commit's code."""
+    try:
+        scripts = tomllib.loads((tree / "pyproject.toml").read_text())["project"]["scripts"]
+        module, _, func = scripts["reprogate"].partition(":")
+    except (OSError, KeyError, tomllib.TOMLDecodeError) as e:
+        raise UserError(
+            f"verify: {tree / 'pyproject.toml'} names no `reprogate` script ({e}); that commit is not a "
+            "reprogate project this command can rebuild."
+        ) from None
+    bin_dir = into / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    script = bin_dir / "reprogate"
+    script.write_text(
+        f"#!{sys.executable}\nimport sys\nfrom {module} import {func}\nsys.exit({func}())\n"
+    )
+    script.chmod(0o755)
+    return bin_dir
+
+
 def rebuild(root: Path, rev: str, into: Path) -> Path:
     """Check `rev` out in a worktree under `into` and `dvc repro` it from nothing; the project
     folder of the rebuild."""
@@ -104,10 +127,14 @@ def rebuild(root: Path, rev: str, into: Path) -> Path:
     git.run(root, "worktree", "add", "--detach", str(tree), rev)
     project = tree / git.prefix(root)
     mirrors = [m for m in mirror_dirs(root) if m.is_dir()]
-    env = {
-        **os.environ,
+    # This process's pin is not passed on: the commit's own entry point sets its own (an older
+    # commit, made before pins existed, runs as it ran then).
+    env = {k: v for k, v in os.environ.items() if k not in numerics.VARIABLES}
+    env |= {
         "PYTHONPATH": os.pathsep.join([str(tree / "src"), os.environ.get("PYTHONPATH", "")]),
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PATH": os.pathsep.join(
+            [str(launcher(tree, into)), str(Path(sys.executable).parent), os.environ.get("PATH", "")]
+        ),
         **({"REPROGATE_MIRROR": os.pathsep.join(map(str, mirrors))} if mirrors else {}),
     }
     # Its own cache (the worktree's .dvc/cache is new) and no run-cache: computed, not restored.
