@@ -22,7 +22,7 @@ LAYERS = {
         "objectives", "trainer", "plan", "training", "model_folder", "lm_tokenizer", "lm_eval",
         "lm_training", "lm_plan",
     ],
-    "domain": ["calibration", "production", "lm_production", "pipeline"],
+    "domain": ["calibration", "shipped", "production", "lm_production", "pipeline"],
     "stages": ["stages"],
     "entry points": [
         "cli", "cli_lm", "compile", "promote", "promote_commit", "remote", "report", "revision",

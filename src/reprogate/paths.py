@@ -40,6 +40,9 @@ PRODUCTION = MODELS / "production.json"
 # A copy of each promoted model's files (an ensemble's members too), by model version:
 # production answers from here after a retrain, and a reverted promotion finds its files.
 PROMOTED = MODELS / ".promoted"
+# The promoted models' exact files as a DVC remote (`shipped`) committed with the project, so a
+# fresh clone answers with production even where it cannot rebuild it bitwise (shipped.py).
+SHIPPED = MODELS / "shipped"
 # Outside runs/<m>/, which is train@m's persistent output: touching it would rerun train.
 RESUME_CHECKS = RUNS / "_resume_check"
 

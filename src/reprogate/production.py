@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reprogate import git, paths
+from reprogate import git, paths, shipped
+from reprogate.atomic import replace_dir
 from reprogate.calibration import Policy, prediction, probabilities
 from reprogate.errors import UserError
 from reprogate.model_folder import Scorer, model_version
-from reprogate.records import RESTORE_PRODUCTION, ProductionRecord, Promoted, validated
+from reprogate.records import RESTORE_PRODUCTION, Fingerprint, ProductionRecord, Promoted, load, validated
 
 
 @dataclass(frozen=True)
@@ -125,9 +126,12 @@ def _mismatch(record: Promoted, model_dir: Path, since: str) -> str | None:
 
 def production_files(root: Path, record: Promoted) -> tuple[Path, Path]:
     """(model folder, members folder) of the promoted model: the kept copy if there is one, else
-    the workspace's models/ if it still holds exactly the promoted files."""
+    the workspace's models/ if it still holds exactly the promoted files, else a kept copy
+    restored from the files shipped with the project (models/shipped)."""
     version, name = record.model_version, record.model
     kept = root / paths.PROMOTED / version
+    if not (kept / name).is_dir() and _mismatch(record, root / paths.model_dir(name), "") is not None:
+        _restore_shipped(root, record, kept)
     if (kept / name).is_dir():
         if why := _mismatch(record, kept / name, "changed after the promotion"):
             raise UserError(
@@ -135,14 +139,30 @@ def production_files(root: Path, record: Promoted) -> tuple[Path, Path]:
                 f"fall back to the workspace's models/{name}, or promote again after a passing gate."
             )
         return kept / name, kept
-    if why := _mismatch(record, root / paths.model_dir(name), "retrained since"):
-        raise UserError(
-            f"{root / paths.PRODUCTION} pins {version}, but {why}, and there is no copy in "
-            f"{paths.PROMOTED / version} (promote keeps one). Run `make repro` on the promotion's "
-            "commit to rebuild it (it is reproducible), promote the new candidate after a passing "
-            f"gate, or serve the workspace's model explicitly with --model models/{name}."
-        )
     return root / paths.model_dir(name), root / paths.MODELS
+
+
+def _restore_shipped(root: Path, record: Promoted, kept: Path) -> None:
+    """The kept copy, from the shipped remote at the promotion's commit; or the paragraph with
+    the two ways a clone gets the promoted files."""
+    name, version, commit = record.model, record.model_version, record.code_commit
+    try:
+        with replace_dir(kept) as tmp:
+            shipped.restore(root, commit, name, tmp / name)
+            members = load(tmp / name / "fingerprint.json", Fingerprint, "restored from models/shipped")
+            for member in members.members or {}:
+                shipped.restore(root, commit, member, tmp / member)
+            if why := _mismatch(record, tmp / name, "not the promoted files"):
+                raise LookupError(why)
+    except (LookupError, OSError, UserError) as e:
+        raise UserError(
+            f"{root / paths.PRODUCTION} pins {version}, but models/{name} holds another model (or none) "
+            f"and the files shipped with the project do not have it ({e}). Either rebuild the "
+            f"promotion's commit bitwise (`git checkout {commit[:12]} && make repro`; a commit made "
+            "under the numeric pin rebuilds on any CPU that meets it), or get the files from whoever "
+            f"promoted it (`reprogate promote` ships them in {paths.SHIPPED}; commit and push that "
+            f"folder). To serve the workspace's model instead: --model models/{name}."
+        ) from None
 
 
 def read_promoted(root: Path, sources: Sources) -> Promoted:

@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from reprogate import dvc_cli, git, locks, paths, promote_commit
+from reprogate import dvc_cli, git, locks, paths, promote_commit, shipped
 from reprogate.atomic import replace_dir
 from reprogate.errors import UserError, read_json
 from reprogate.hashing import sha256_file
@@ -297,7 +297,8 @@ def _fresh(root: Path, git_dir: Path, dry_run: bool, push: bool = False) -> str:
             + written.rstrip()
         )
     pause_if("promote:planned")
-    keep_promoted(root, record["model"], record["model_version"])
+    kept = keep_promoted(root, record["model"], record["model_version"])
+    pushed += shipped.ship(root, sorted(d.name for d in kept.iterdir() if d.is_dir()))
     journal = PromotionJournal(
         base=record["code_commit"],  # the commit whose gate, tree and DVC state were checked
         model=record["model"],

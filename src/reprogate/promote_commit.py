@@ -4,7 +4,8 @@ The steps, each safe to repeat, and what the next run does after a kill there:
 1. the journal (<git dir>/reprogate/promotion.json, written whole) holds the record, commit
    message and tag of a promotion whose checks passed at commit `base`;
 2. models/production.json is written whole (a temporary file, fsync, rename);
-3. `git add`, `git commit -- models/production.json`;
+3. `git add`, `git commit -- models/production.json models/shipped` (the files promote shipped
+   with the project, when it declares that remote);
 4. `git tag -a <artifact>#prod#<n>`;
 5. the journal is removed.
 A journal found at start is finished from what git shows: HEAD still at `base` means steps 2-3
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from reprogate import atomic, git
 from reprogate.errors import UserError
-from reprogate.paths import PRODUCTION
+from reprogate.paths import PRODUCTION, SHIPPED
 from reprogate.pause import pause_if
 from reprogate.records import PromotionJournal, dumps, parse
 
@@ -79,11 +80,15 @@ def _commit(root: Path, git_dir: Path, j: PromotionJournal) -> None:
     path = root / PRODUCTION
     atomic.write_file(path, j.record.encode(), hook=lambda phase: pause_if(f"promote:record:{phase}"))
     pause_if("promote:written")
-    git.run(root, "add", "--", str(PRODUCTION))
-    proc = git.completed(root, "commit", "-q", "-F", "-", "--", str(PRODUCTION), stdin=j.message)
+    committed = _committed_paths(root)
+    git.run(root, "add", "--", *committed)
+    proc = git.completed(root, "commit", "-q", "-F", "-", "--", *committed, stdin=j.message)
     if proc.returncode == 0:
         return
-    # Back to HEAD's record, in the index too: `add` above staged the new one.
+    # Back to HEAD's record, in the index too: `add` above staged the new one. Shipped files
+    # leave the index but stay on disk (content-addressed: the next promote reuses them).
+    if len(committed) > 1:
+        git.run(root, "reset", "-q", "--", str(SHIPPED), check=False)
     if git.committed(root, PRODUCTION) is not None:
         git.run(root, "checkout", "HEAD", "--", str(PRODUCTION), check=False)
     else:
@@ -95,6 +100,11 @@ def _commit(root: Path, git_dir: Path, j: PromotionJournal) -> None:
         f"promotion refused: git commit failed ({said}); production is unchanged. Git needs "
         "user.name and user.email, and every commit hook must pass; fix that and promote again."
     )
+
+
+def _committed_paths(root: Path) -> list[str]:
+    """The record, and the shipped files when the project keeps them (shipped.py)."""
+    return [str(PRODUCTION)] + ([str(SHIPPED)] if (root / SHIPPED).is_dir() else [])
 
 
 def _abandon(root: Path, git_dir: Path, j: PromotionJournal, head: str | None) -> UserError:
