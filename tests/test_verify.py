@@ -77,3 +77,18 @@ def test_a_bad_revision_or_folder_is_one_paragraph(repo, tmp_path):
         verify(repo, "nope", None, 1e-6)
     with pytest.raises(UserError, match="no dvc.lock there; run `make repro` in it first"):
         verify(repo, "HEAD", tmp_path, 1e-6)
+
+
+def test_the_pr_report_says_whether_the_base_reproduced(repo, tmp_path):
+    from reprogate.report import reproduced
+    from reprogate.report_markdown import _reproduced
+
+    moved = {"acc": 0.9, "sets": {"test": {"ece": 0.0125 + 3e-8}}, "n": 3}
+    d = _rebuilt(tmp_path, {"metrics/eval.json": "zzz", "models/m": "bbb.dir"}, moved)
+    said = "\n".join(_reproduced(reproduced(repo, "HEAD", d)))
+    assert "Rebuilt here from nothing: **within tolerance** (1 bitwise, 1 within tolerance 1e-06" in said
+    assert "| metrics/eval.json | within tolerance | max difference 3e-08 in sets.test.ece" in said
+    d = _rebuilt(tmp_path / "2", {"metrics/eval.json": "aaa", "models/m": "bbb.dir"}, None)
+    assert "**bitwise** (2 bitwise, 0 within tolerance 1e-06, 0 different" in "\n".join(
+        _reproduced(reproduced(repo, "HEAD", d))
+    )

@@ -16,6 +16,7 @@ from reprogate.errors import UserError, relative
 from reprogate.runtime import DEVICES
 from reprogate.specs import find_root
 from reprogate.stages import NAMES
+from reprogate.verify import DEFAULT_TOLERANCE
 
 # Serving is a deployment choice, separate from the device a model was trained on.
 DEVICE_HELP = "where to run the model (default auto: CUDA, else MPS, else CPU), whatever it was trained on"
@@ -92,7 +93,8 @@ def _promote(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from reprogate.report import write
 
-    print(write(_project(), args.base, args.head, Path(args.out)))
+    rebuilt = Path(args.base_rebuilt) if args.base_rebuilt else None
+    print(write(_project(), args.base, args.head, Path(args.out), base_rebuilt=rebuilt))
     return 0
 
 
@@ -230,7 +232,10 @@ def _add_verify(sub) -> None:
     ve.add_argument("rev", nargs="?", default="HEAD", help="the commit (default HEAD)")
     ve.add_argument("--rebuilt", help="compare this folder, already rebuilt (a fresh clone after make repro)")
     ve.add_argument(
-        "--tolerance", type=float, default=1e-6, help="largest difference of a JSON number called equal"
+        "--tolerance",
+        type=float,
+        default=DEFAULT_TOLERANCE,
+        help="largest difference of a JSON number called equal",
     )
     ve.set_defaults(func=_verify)
 
@@ -278,6 +283,12 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--base", required=True, help="the revision to compare with (e.g. origin/main)")
     rp.add_argument("--head", help="the revision under review (default: the working tree)")
     rp.add_argument("--out", default="report", help="folder for report.md, report.json and plots")
+    rp.add_argument(
+        "--base-rebuilt",
+        metavar="DIR",
+        help="a rebuild of the base (its project folder after `make repro`): the report says whether it "
+        "reproduced the base commit, per output, as `reprogate verify` does",
+    )
     rp.set_defaults(func=_report)
 
     rm = sub.add_parser("remote", help="make URL the project's default DVC remote (make remote URL=...)")

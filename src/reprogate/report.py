@@ -201,11 +201,34 @@ def build(root: Path, base_rev: str, head_rev: str | None = None) -> dict[str, A
     }
 
 
-def write(root: Path, base_rev: str, head_rev: str | None, out: Path) -> str:
+def reproduced(root: Path, base_commit: str, rebuilt: Path) -> dict[str, Any]:
+    """Did a rebuild of the base (its folder after `make repro`) give the base commit's outputs?
+    `reprogate verify`'s verdicts, at its default tolerance."""
+    from reprogate.verify import DEFAULT_TOLERANCE, compare
+
+    verdicts = compare(root, base_commit, rebuilt, DEFAULT_TOLERANCE)
+    return {
+        "rebuilt": str(rebuilt),
+        "tolerance": DEFAULT_TOLERANCE,
+        "counts": {
+            k: sum(v.verdict == k for v in verdicts) for k in ("bitwise", "within tolerance", "different")
+        },
+        "not_bitwise": [
+            {"path": v.path, "verdict": v.verdict, "detail": v.detail}
+            for v in verdicts
+            if v.verdict != "bitwise"
+        ],
+    }
+
+
+def write(
+    root: Path, base_rev: str, head_rev: str | None, out: Path, base_rebuilt: Path | None = None
+) -> str:
     from reprogate import report_plots
     from reprogate.report_markdown import render
 
     report = build(root, base_rev, head_rev)
+    report["reproduced"] = reproduced(root, report["base"]["commit"], base_rebuilt) if base_rebuilt else None
     theirs, missing = report_plots.dvc_plots(root, base_rev, head_rev, report["intents"]["model"])
     report["missing"] += [missing] if missing else []
     out.mkdir(parents=True, exist_ok=True)

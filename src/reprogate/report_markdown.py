@@ -3,9 +3,17 @@ from the report (never typed here)."""
 
 from __future__ import annotations
 
+import html
+import re
 from typing import Any
 
 MARKER = "<!-- reprogate-report -->"  # CI finds and updates its one comment by this line
+
+
+def escape(text: Any) -> str:
+    """Text read from records, inert in a Markdown table cell: one line, no HTML, no markup."""
+    flat = html.escape(" ".join(str(text).split()), quote=False)
+    return re.sub(r"([\\`*_{}\[\]()#+!|~])", r"\\\1", flat)
 
 
 def _num(v: Any, digits: int = 4) -> str:
@@ -135,6 +143,21 @@ def _environment(e: dict[str, Any]) -> list[str]:
     return ["## Environment", "", *_table(["", "base", "head"], rows)]
 
 
+def _reproduced(r: dict[str, Any] | None) -> list[str]:
+    if r is None:
+        return []
+    c = r["counts"]
+    worst = "different" if c["different"] else "within tolerance" if c["within tolerance"] else "bitwise"
+    lines = [
+        "## Did the base reproduce?",
+        "",
+        f"Rebuilt here from nothing: **{worst}** ({c['bitwise']} bitwise, {c['within tolerance']} within "
+        f"tolerance {r['tolerance']:g}, {c['different']} different; `reprogate verify`).",
+    ]
+    rows = [[escape(x["path"]), x["verdict"], escape(x["detail"])] for x in r["not_bitwise"]]
+    return lines + (["", *_table(["output", "verdict", "detail"], rows)] if rows else [])
+
+
 def render(r: dict[str, Any], images: dict[str, str]) -> str:
     lines = [MARKER, f"# reprogate report: {r['head']['label']} vs base {r['base']['label']}", ""]
     sections = [
@@ -145,8 +168,9 @@ def render(r: dict[str, Any], images: dict[str, str]) -> str:
         _stages(r["stages"]),
         _resume(r["resume"]),
         _environment(r["environment"]),
+        _reproduced(r.get("reproduced")),
     ]
-    for s in sections:
+    for s in filter(None, sections):
         lines += [*s, ""]
     if images:
         lines += ["## Plots", ""] + [f"![{title}]({name})" for name, title in images.items()] + [""]

@@ -33,6 +33,8 @@ from reprogate.specs.roots import mirror_dirs
 
 DVC_LOCK = Path("dvc.lock")
 EXIT = {"bitwise": 0, "within tolerance": 1, "different": 3}
+# The largest difference of a JSON number still called equal (docs/reproducibility.md says why).
+DEFAULT_TOLERANCE = 1e-6
 
 
 @dataclass(frozen=True)
@@ -113,9 +115,7 @@ def launcher(tree: Path, into: Path) -> Path:
     bin_dir = into / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     script = bin_dir / "reprogate"
-    script.write_text(
-        f"#!{sys.executable}\nimport sys\nfrom {module} import {func}\nsys.exit({func}())\n"
-    )
+    script.write_text(f"#!{sys.executable}\nimport sys\nfrom {module} import {func}\nsys.exit({func}())\n")
     script.chmod(0o755)
     return bin_dir
 
