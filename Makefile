@@ -56,8 +56,10 @@ repro-lm: venv
 
 # The team's shared DVC remote: a local folder (default ../reprogate-remote) or s3://, gs://,
 # azure://, ssh:// (with the matching dvc-* plugin). Commit .dvc/config afterwards.
+# URL reaches the command as one argument through the environment, never through the shell's
+# parser: a path with a space works, and `;` or `$(...)` in it are characters, not commands.
 remote: venv
-	reprogate remote $(URL)
+	reprogate remote $${URL:+"$$URL"}
 
 test: venv
 	ruff check src tests bench tools custom_components tests_home_assistant

@@ -137,7 +137,7 @@ def test_promote_refuses_a_dirty_workspace_then_commits_and_tags(home):
     assert _git(home, "tag", "--list", "*#prod#*").split() == [f"{chosen}#prod#1"]
     assert _git(home, "cat-file", "-t", f"{chosen}#prod#1").strip() == "tag"  # annotated
     assert f"are kept in models/.promoted/{prod['model_version']}" in done.stdout
-    assert "`git push --follow-tags` publishes the commit with its tag" in done.stdout
+    assert f"refs/tags/{chosen}#prod#1` publishes the commit with its tag, both or neither" in done.stdout
     history = run_cli("history", cwd=home, check=True).stdout
     assert f"promote {chosen} ({prod['model_version']}) to production  [files kept]" in history
     # The gate reruns against the new production and chooses the same model: promoting it again

@@ -7,8 +7,10 @@ with this test session's environment (`-o` keeps make from rebuilding it in each
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from reprogate import runlog
-from tests.conftest import copy_home, dvc_cmd, git_cmd, run_cli
+from tests.conftest import REPO, copy_home, dvc_cmd, git_cmd, run_cli
 
 VENV = Path(sys.executable).resolve().parent.parent
 GIT_ID = {
@@ -141,3 +143,88 @@ def test_the_default_remote_is_a_folder_beside_the_project(tmp_path):
     run_cli("remote", cwd=root, check=True)
     assert (tmp_path / "reprogate-remote").is_dir()
     assert f"url = {tmp_path / 'reprogate-remote'}" in (root / ".dvc" / "config").read_text()
+
+
+def test_a_fresh_clone_answers_with_the_promoted_files_the_project_ships(home_pipeline, tmp_path):
+    """No cache, no outputs, no kept copy, no DVC remote, another machine's float kernels would not
+    matter: the promotion commit carries the model's exact files (models/shipped, a DVC remote
+    inside the project), and predict restores them at the promotion's commit."""
+    first = copy_home(home_pipeline, tmp_path / "first")
+    done = run_cli("promote", cwd=first, env=GIT_ID, check=True).stdout
+    record = json.loads((first / "models/production.json").read_text())
+    folders = sorted(p.name for p in (first / "models/.promoted" / record["model_version"]).iterdir())
+    assert f"shipped the files of {', '.join(f'models/{f}' for f in folders)} in models/shipped" in done
+    assert git_cmd(first, "status", "--porcelain") == ""  # all in the promotion commit
+    [record_file, *added] = git_cmd(first, "show", "--name-only", "--format=", "HEAD").split()
+    assert record_file == "models/production.json" and added
+    assert all(f.startswith("models/shipped/files/md5/") for f in added)
+
+    fresh = clone(first, tmp_path / "fresh")
+    assert not (fresh / "models" / record["model"]).exists() and not (fresh / ".dvc/cache").exists()
+    proc = run_cli("predict", "turn on the kitchen light", cwd=fresh, check=True)
+    assert json.loads(proc.stdout)["model_version"] == record["model_version"]
+    assert f"restoring models/{record['model']} of" in proc.stderr
+    kept = fresh / "models/.promoted" / record["model_version"]
+    assert sorted(p.name for p in kept.iterdir()) == folders
+    for path, sha in record["artifacts"].items():  # exactly the promoted bytes
+        assert hashlib.sha256((kept / Path(path).relative_to("models")).read_bytes()).hexdigest() == sha
+    assert git_cmd(fresh, "status", "--porcelain") == ""  # the kept copy is git-ignored
+
+    bare = clone(first, tmp_path / "bare")
+    git_cmd(bare, "rm", "-rq", "models/shipped")  # a clone whose project ships nothing
+    proc = run_cli("predict", "turn on the kitchen light", cwd=bare)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "rebuild the promotion's commit bitwise" in proc.stderr and "models/shipped" in proc.stderr
+    assert not (bare / "models/.promoted" / record["model_version"]).exists()  # nothing half-kept
+
+
+def test_make_remote_passes_the_url_as_one_argument_never_to_the_shell(tmp_path):
+    root = tmp_path / "project"
+    root.mkdir()
+    git_cmd(root, "init", "-q")
+    dvc_cmd(root, "init", "-q")
+    (root / "params.yaml").write_text("data: specs/data/x.yaml\nmodels: [x]\ngate: specs/gate.yaml\n")
+    shutil.copy(REPO / "Makefile", root / "Makefile")
+    url = tmp_path / "team remote; touch pwned"  # a space, and a command the shell would run
+    venv = REPO / ".venv"  # the Makefile's own venv, taken as built
+    proc = subprocess.run(
+        ["make", "-C", str(root), "remote", f"URL={url}", f"VENV={venv}", "-o", f"{venv}/.installed"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not (root / "pwned").exists() and not (tmp_path / "pwned").exists()
+    assert url.is_dir() and f"url = {url}" in (root / ".dvc" / "config").read_text()
+
+
+def test_promote_push_publishes_the_commit_and_its_tag_together_or_neither(home_pipeline, tmp_path):
+    """A team branch that moved on (a non-fast-forward push): the tag must not land on a commit
+    the branch does not have, and the message must say nothing was published."""
+    bare = tmp_path / "team.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(bare)], check=True)
+    root = copy_home(home_pipeline, tmp_path / "home")
+    run_cli("remote", str(tmp_path / "dvc-remote"), cwd=root, check=True)
+    git_cmd(root, "commit", "-qam", "the team's DVC remote")
+    git_cmd(root, "remote", "add", "origin", str(bare))
+    branch = git_cmd(root, "rev-parse", "--abbrev-ref", "HEAD").strip()
+    git_cmd(root, "push", "-q", "-u", "origin", branch)
+    teammate = clone(bare, tmp_path / "teammate")
+    (teammate / "NOTES.md").write_text("a teammate's change\n")
+    git_cmd(teammate, "add", "NOTES.md")
+    subprocess.run(
+        ["git", "commit", "-qm", "notes"], cwd=teammate, env={**GIT_ID, "PATH": "/usr/bin:/bin"}, check=True
+    )
+    git_cmd(teammate, "push", "-q", "origin", branch)
+    theirs = git_cmd(bare, "rev-parse", branch).strip()
+
+    done = run_cli("promote", "--push", cwd=root, env=GIT_ID, check=True).stdout
+    assert "refused the push" in done and "nothing was published: neither the commit nor the tag" in done
+    assert git_cmd(bare, "tag", "--list") == "" and git_cmd(bare, "rev-parse", branch).strip() == theirs
+    tag = git_cmd(root, "tag", "--list", "*#prod#*").strip()
+    assert f"git push --atomic origin HEAD:{branch} refs/tags/{tag}" in done
+
+    git_cmd(teammate, "push", "-q", "-f", "origin", f"{theirs}~1:refs/heads/{branch}")  # back
+    git_cmd(root, "push", "-q", "--atomic", "origin", f"HEAD:{branch}", f"refs/tags/{tag}")  # as said
+    assert git_cmd(bare, "rev-parse", branch) == git_cmd(root, "rev-parse", "HEAD")
+    assert git_cmd(bare, "tag", "--list").strip() == tag

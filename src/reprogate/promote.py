@@ -204,23 +204,31 @@ def push_outputs(root: Path) -> str:
 
 
 def push_commit(root: Path, tag: str) -> str:
-    """The promotion commit and its tag to the branch's git remote (its upstream, else origin)."""
+    """The promotion commit and its tag to the branch's git remote (its upstream, else origin),
+    atomically: the remote takes both or neither, so a rejected branch (moved on, protected)
+    never leaves a production tag on a commit that is not on the team's branch."""
     upstream = git.run(root, "rev-parse", "--abbrev-ref", "--symbolic-full-name", "@{u}", check=False)
-    remote = upstream.split("/", 1)[0] if upstream else "origin"
+    remote, _, branch = upstream.partition("/") if upstream else ("origin", "", "")
+    branch = branch or git.run(root, "rev-parse", "--abbrev-ref", "HEAD", check=False)
     if remote not in git.run(root, "remote", check=False).split():
         return (
-            "promote: no git remote to push to; publish the promotion with `git push --follow-tags` "
-            "when there is one"
+            "promote: no git remote to push to; publish the promotion with "
+            f"`git push --atomic <remote> HEAD refs/tags/{tag}` when there is one"
         )
-    proc = git.completed(root, "push", "--follow-tags", remote, "HEAD")
+    refs = (f"HEAD:refs/heads/{branch}", f"refs/tags/{tag}")
+    proc = git.completed(root, "push", "--atomic", remote, *refs)
     if proc.returncode != 0:
-        why = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
+        said = [x.strip() for x in proc.stderr.splitlines()]
+        lines = [x for x in said if x.startswith(("!", "error", "remote:"))]
+        why = "; ".join(lines[:3]) or f"exit {proc.returncode}"
         return (
             f"promote: the promotion is committed and tagged here, and its files are on the DVC remote, "
-            f"but `git push` to {remote} failed ({why}): the team's production is unchanged until "
-            f"`git push --follow-tags {remote} HEAD` succeeds (the tag is {tag})."
+            f"but {remote} refused the push ({why}), so nothing was published: neither the commit nor the "
+            f"tag {tag}; the team's production is unchanged. Bring {branch} up to date with {remote}'s, "
+            f"then `git push --atomic {remote} HEAD:{branch} refs/tags/{tag}` (a rebase moves the "
+            f"promotion commit: move the tag with it, `git tag -f -a '{tag}'`)."
         )
-    return f"promote: pushed the promotion commit and tag {tag} to git remote {remote}"
+    return f"promote: pushed the promotion commit to {remote}/{branch} and tag {tag}, together"
 
 
 def promote(root: Path, dry_run: bool = False, push: bool = False) -> str:
@@ -318,7 +326,8 @@ def _done(journal: PromotionJournal, commit: str) -> str:
         f"promote: {journal.model} is in production (commit {commit[:7]}, tag {journal.tag}); its files "
         f"are kept in {PROMOTED / journal.model_version}. The gate compares candidates with "
         "production, so `dvc repro` reruns it against this one (commit its results/gate.json). "
-        "`git push --follow-tags` publishes the commit with its tag (a plain push leaves the tag behind)."
+        f"`git push --atomic origin HEAD refs/tags/{journal.tag}` publishes the commit with its tag, both or "
+        "neither (`promote --push` does it for you; a plain push leaves the tag behind)."
     )
 
 
