@@ -150,6 +150,10 @@ def test_a_fresh_clone_answers_with_the_promoted_files_the_project_ships(home_pi
     matter: the promotion commit carries the model's exact files (models/shipped, a DVC remote
     inside the project), and predict restores them at the promotion's commit."""
     first = copy_home(home_pipeline, tmp_path / "first")
+    # What an interrupted promote shipped but never committed does not block the next one.
+    leftover = first / "models/shipped/files/md5/00/0123456789abcdef0123456789abcd"
+    leftover.parent.mkdir(parents=True)
+    leftover.write_bytes(b"shipped by a promote killed before its commit\n")
     done = run_cli("promote", cwd=first, env=GIT_ID, check=True).stdout
     record = json.loads((first / "models/production.json").read_text())
     folders = sorted(p.name for p in (first / "models/.promoted" / record["model_version"]).iterdir())
@@ -158,6 +162,7 @@ def test_a_fresh_clone_answers_with_the_promoted_files_the_project_ships(home_pi
     [record_file, *added] = git_cmd(first, "show", "--name-only", "--format=", "HEAD").split()
     assert record_file == "models/production.json" and added
     assert all(f.startswith("models/shipped/files/md5/") for f in added)
+    assert str(leftover.relative_to(first)) in added
 
     fresh = clone(first, tmp_path / "fresh")
     assert not (fresh / "models" / record["model"]).exists() and not (fresh / ".dvc/cache").exists()

@@ -76,7 +76,11 @@ def plan(root: Path) -> dict[str, Any]:
             + "; ".join(gate["reasons"])
             + ". Production stays as it is."
         )
-    dirty = git.run(root, "status", "--porcelain")
+    # Files an interrupted promote shipped but never committed are not a change of the workspace:
+    # content-addressed, they are committed with the next promotion.
+    status = git.run(root, "status", "--porcelain", "--untracked-files=all").splitlines()
+    shipped_files = f"{git.prefix(root)}{paths.SHIPPED.as_posix()}/"
+    dirty = "\n".join(x for x in status if not (x.startswith("?? ") and x[3:].startswith(shipped_files)))
     if dirty:
         raise UserError(
             "promotion refused: the workspace has uncommitted changes; commit them (with dvc.lock and "
