@@ -110,7 +110,7 @@ def test_the_markdown_and_plots_render_the_report(two_commits):
     assert f"| tiny | test | accuracy | {acc['base']:.4f} | {acc['head']:.4f} |" in md
     for section in ("## Gate", "## Paired predictions", "## Stages (from dvc.lock)", "## Resume checks"):
         assert section in md
-    assert "`train@tiny`" in md.split("- reran", 1)[1].split("\n", 1)[0]
+    assert "train@tiny" in md.split("- reran", 1)[1].split("\n", 1)[0]
     chosen = r["intents"]["model"]
     # DVC's own plots of the chosen candidate (base and head overlaid), beside the report's two.
     declared = {
@@ -152,3 +152,46 @@ def test_an_unknown_base_is_one_paragraph(two_commits, tmp_path):
     proc = run_cli("report", "--base", "no-such-branch", "--out", str(tmp_path / "r"), cwd=root)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "'no-such-branch' is not a commit" in proc.stderr and not (tmp_path / "r").exists()
+
+
+HOSTILE = "card_arrival | 1.0 | 1.0 |\n## Approved by security\n<img src=x onerror=alert(1)> [docs](https://evil.example)"
+
+
+def test_labels_from_records_cannot_add_rows_sections_html_or_links():
+    from reprogate.report_markdown import _intents, _stages
+
+    moved = [{"intent": HOSTILE, "base": 0.5, "head": 0.75, "delta": 0.25}]
+    lines = _intents({"model": "tiny**x**", "moved": moved}) + _stages(
+        {"reran": ["train@x\n# Fake"], "added": [], "removed": [], "unchanged": []}
+    )
+    md = "\n".join(lines)
+    table = [x for x in lines if x.startswith("|")]
+    assert len(table) == 3  # header, rule, one row: the label did not end its row
+    assert table[2].count(" | ") == 3 and table[2].count("\\|") == 3  # its own bars are text
+    headings = [x for x in lines if x.lstrip("- ").startswith("#")]  # none of the records' own
+    assert headings == [
+        "## Intents that moved most (tiny\\*\\*x\\*\\*, test F1)",
+        "## Stages (from dvc.lock)",
+    ]
+    assert "<img" not in md and "&lt;img" in md and "](" not in md.replace("\\](", "")
+    assert "tiny\\*\\*x\\*\\*" in md
+
+
+def test_out_that_is_a_file_or_holds_a_link_is_refused_and_nothing_is_followed(two_commits, tmp_path):
+    root, _, _ = two_commits
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine\n")
+    proc = run_cli("report", "--base", "HEAD~1", "--out", str(a_file), cwd=root)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "is a file, not a folder" in proc.stderr and a_file.read_text() == "mine\n"
+
+    out, target = tmp_path / "out", tmp_path / "bashrc"
+    out.mkdir()
+    target.write_text("precious\n")
+    (out / "report.md").symlink_to(target)
+    proc = run_cli("report", "--base", "HEAD~1", "--out", str(out), cwd=root)
+    assert (
+        proc.returncode == 2
+        and "holds symbolic links where the report writes its files (report.md)" in proc.stderr
+    )
+    assert target.read_text() == "precious\n" and sorted(p.name for p in out.iterdir()) == ["report.md"]

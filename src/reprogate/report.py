@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from reprogate import stats
+from reprogate.errors import UserError
 from reprogate.headline import EvalMetrics
 from reprogate.revision import Revision, stage_changes
 
@@ -221,12 +222,30 @@ def reproduced(root: Path, base_commit: str, rebuilt: Path) -> dict[str, Any]:
     }
 
 
+def refuse_unsafe_out(out: Path) -> None:
+    """--out must be a folder of our own: never a file, and never a link a write would follow
+    (report.md as a symlink to ~/.bashrc, say). Checked before anything is read or written."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        what = "a symbolic link" if out.is_symlink() else "a file"
+        raise UserError(
+            f"report: --out {out} is {what}, not a folder; give a folder (it is created if missing), "
+            "e.g. --out report/. Nothing was written."
+        )
+    links = sorted(p.name for p in out.glob("*") if p.is_symlink()) if out.is_dir() else []
+    if links:
+        raise UserError(
+            f"report: {out} holds symbolic links where the report writes its files ({', '.join(links)}); "
+            "the report never writes through a link. Remove them or give another --out. Nothing was written."
+        )
+
+
 def write(
     root: Path, base_rev: str, head_rev: str | None, out: Path, base_rebuilt: Path | None = None
 ) -> str:
     from reprogate import report_plots
     from reprogate.report_markdown import render
 
+    refuse_unsafe_out(out)
     report = build(root, base_rev, head_rev)
     report["reproduced"] = reproduced(root, report["base"]["commit"], base_rebuilt) if base_rebuilt else None
     theirs, missing = report_plots.dvc_plots(root, base_rev, head_rev, report["intents"]["model"])

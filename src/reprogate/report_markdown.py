@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import re
 from typing import Any
+from urllib.parse import quote
 
 MARKER = "<!-- reprogate-report -->"  # CI finds and updates its one comment by this line
 
@@ -13,7 +14,8 @@ MARKER = "<!-- reprogate-report -->"  # CI finds and updates its one comment by 
 def escape(text: Any) -> str:
     """Text read from records, inert in a Markdown table cell: one line, no HTML, no markup."""
     flat = html.escape(" ".join(str(text).split()), quote=False)
-    return re.sub(r"([\\`*_{}\[\]()#+!|~])", r"\\\1", flat)
+    # [ and ] escaped, no link or image can open; a parenthesis alone is plain text.
+    return re.sub(r"([\\`*_{}\[\]#|~])", r"\\\1", flat)
 
 
 def _num(v: Any, digits: int = 4) -> str:
@@ -31,10 +33,12 @@ def _signed(v: float | None) -> str:
 
 
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    """Every cell comes from the records (labels, model names, notes): escaped, so none of it
+    can end a row, open HTML or a link, or start a heading of its own."""
     return [
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
-        *("| " + " | ".join(r) + " |" for r in rows),
+        *("| " + " | ".join(escape(c) for c in r) + " |" for r in rows),
     ]
 
 
@@ -51,7 +55,7 @@ def _gate(g: dict[str, Any]) -> list[str]:
     def side(s: dict | None) -> str:
         if not s:
             return "no gate record"
-        return f"**{s['chosen']}** chosen" if s["passed"] else "no candidate passed"
+        return f"**{escape(s['chosen'])}** chosen" if s["passed"] else "no candidate passed"
 
     lines = ["## Gate", "", f"- head: {side(g['head'])}", f"- base: {side(g['base'])}", ""]
     changed, same = [], []
@@ -104,10 +108,10 @@ def _paired(paired: dict[str, Any]) -> list[str]:
 
 def _intents(i: dict[str, Any]) -> list[str]:
     if not i["moved"]:
-        return ["## Intents that moved most", "", f"No intent's test F1 changed ({i['model']})."]
+        return ["## Intents that moved most", "", f"No intent's test F1 changed ({escape(i['model'])})."]
     rows = [[r["intent"], _num(r["base"]), _num(r["head"]), _signed(r["delta"])] for r in i["moved"]]
     return [
-        f"## Intents that moved most ({i['model']}, test F1)",
+        f"## Intents that moved most ({escape(i['model'])}, test F1)",
         "",
         *_table(["intent", "base", "head", "Δ"], rows),
     ]
@@ -117,7 +121,7 @@ def _stages(s: dict[str, list[str]]) -> list[str]:
     lines = ["## Stages (from dvc.lock)", ""]
     for kind in ("reran", "added", "removed", "unchanged"):
         if s[kind]:
-            lines.append(f"- {kind} ({len(s[kind])}): " + ", ".join(f"`{x}`" for x in s[kind]))
+            lines.append(f"- {kind} ({len(s[kind])}): " + ", ".join(escape(x) for x in s[kind]))
     return lines
 
 
@@ -154,12 +158,13 @@ def _reproduced(r: dict[str, Any] | None) -> list[str]:
         f"Rebuilt here from nothing: **{worst}** ({c['bitwise']} bitwise, {c['within tolerance']} within "
         f"tolerance {r['tolerance']:g}, {c['different']} different; `reprogate verify`).",
     ]
-    rows = [[escape(x["path"]), x["verdict"], escape(x["detail"])] for x in r["not_bitwise"]]
+    rows = [[x["path"], x["verdict"], x["detail"]] for x in r["not_bitwise"]]
     return lines + (["", *_table(["output", "verdict", "detail"], rows)] if rows else [])
 
 
 def render(r: dict[str, Any], images: dict[str, str]) -> str:
-    lines = [MARKER, f"# reprogate report: {r['head']['label']} vs base {r['base']['label']}", ""]
+    head, base = escape(r["head"]["label"]), escape(r["base"]["label"])
+    lines = [MARKER, f"# reprogate report: {head} vs base {base}", ""]
     sections = [
         _gate(r["gate"]),
         _metrics(r["metrics"], r["paired"]),
@@ -173,8 +178,9 @@ def render(r: dict[str, Any], images: dict[str, str]) -> str:
     for s in filter(None, sections):
         lines += [*s, ""]
     if images:
-        lines += ["## Plots", ""] + [f"![{title}]({name})" for name, title in images.items()] + [""]
+        plots = [f"![{escape(title)}]({quote(name)})" for name, title in images.items()]
+        lines += ["## Plots", "", *plots, ""]
     if r["missing"]:
-        lines += ["## Not available", ""] + [f"- {m}" for m in r["missing"]] + [""]
+        lines += ["## Not available", ""] + [f"- {escape(m)}" for m in r["missing"]] + [""]
     lines.append("Every number above is read from the two revisions' files by `reprogate report`.")
     return "\n".join(lines) + "\n"

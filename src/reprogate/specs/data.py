@@ -12,6 +12,7 @@ from pydantic import Field, StringConstraints, field_validator, model_validator
 
 from reprogate.specs.base import OOS_LABEL, Commit, Fraction, Sha256, Strict, plain_relative
 
+MAX_LABEL_CHARS = 100
 # An origin's key names its download folder (data/raw/...): a plain name, never a path.
 OriginName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$", max_length=64)]
 
@@ -236,6 +237,15 @@ class DataSpec(Strict):
             raise ValueError(f"labels must be unique; repeated: {sorted(set(dup))}")
         if any(not x.strip() for x in v):
             raise ValueError("labels must be non-empty strings")
+        for x in v:
+            # A label reaches files, HTTP answers, Home Assistant and the PR report's Markdown:
+            # one printable line of bounded length (the report escapes it; this keeps it sane).
+            if len(x) > MAX_LABEL_CHARS or not x.isprintable() or x != x.strip():
+                raise ValueError(
+                    f"label {x[:MAX_LABEL_CHARS]!r}{'...' if len(x) > MAX_LABEL_CHARS else ''} is not "
+                    f"accepted: a label is one line of printable characters (no control characters, "
+                    f"tabs or line breaks), without spaces at its ends, at most {MAX_LABEL_CHARS} long"
+                )
         if OOS_LABEL in v:
             # Models name their own out-of-scope output so; a real intent of that name would
             # never be acted on.
