@@ -201,3 +201,41 @@ def test_a_planned_run_may_take_max_slowdown_times_its_plan():
     said = over(1.0, 300)  # 200 ms per update: 4x slower, would need 20 min
     assert said and "4.0x slower than the committed plan" in said and "Planner CPU" in said
     assert "reprogate plan gpt --write" in said and "max_slowdown" in said
+
+
+def test_a_corpus_or_char_vocabulary_past_its_cap_is_refused_before_use(tmp_path):
+    import yaml
+
+    from tests.conftest import run_cli
+    from tests.test_lm import FIXTURE_SHA, TINY_GPT
+
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "corpus.txt").write_bytes(FIXTURE.read_bytes())
+    (tmp_path / "specs" / "data").mkdir(parents=True)
+    (tmp_path / "specs" / "models").mkdir()
+    (tmp_path / "params.yaml").write_text(
+        "data: specs/data/tiny.yaml\nmodels: [gpt]\ngate: specs/gate.yaml\n"
+    )
+    (tmp_path / "specs" / "gate.yaml").write_text("kind: gate\nthresholds: {val_bits_per_char_max: 6.0}\n")
+    text = {
+        "kind": "text",
+        "id": "tiny",
+        "origins": {"f": {"source": {"kind": "local", "path": "raw"}, "files": {"corpus.txt": FIXTURE_SHA}}},
+        "corpus": [{"origin": "f", "file": "corpus.txt"}],
+        "max_chars": 1000,
+    }
+    (tmp_path / "specs" / "data" / "tiny.yaml").write_text(yaml.safe_dump(text))
+    gpt = dict(TINY_GPT, causal_lm=dict(TINY_GPT["causal_lm"], tokenizer={"kind": "char", "max_vocab": 8}))
+    (tmp_path / "specs" / "models" / "gpt.yaml").write_text(yaml.safe_dump(gpt))
+
+    proc = run_cli("stage", "corpus", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "field 'max_chars' is 1,000, and the corpus (corpus.txt) is larger" in proc.stderr
+    assert not (tmp_path / "data" / "corpus").exists()
+
+    (tmp_path / "specs" / "data" / "tiny.yaml").write_text(yaml.safe_dump(dict(text, max_chars=10**7)))
+    run_cli("stage", "corpus", cwd=tmp_path, check=True)
+    proc = run_cli("stage", "tokenize", "gpt", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "field 'causal_lm.tokenizer.max_vocab' is 8, but the corpus has" in proc.stderr
+    assert not (tmp_path / "data" / "tokens" / "gpt").exists()

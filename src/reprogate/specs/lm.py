@@ -27,6 +27,14 @@ class TokenizerConfig(Strict):
     vocab_size: int | None = Field(
         None, ge=257, le=65_536, description="bpe only: the vocabulary size (256 bytes + merges + 1)."
     )
+    max_vocab: int = Field(
+        1024,
+        ge=2,
+        le=65_536,
+        description="char only: the most distinct characters the corpus may have; a corpus with more "
+        "is refused at tokenize, before the embedding (vocabulary x d_model) is allocated. Raise it "
+        "for a script with many characters, or use kind: bpe.",
+    )
 
     @model_validator(mode="after")
     def _size(self) -> TokenizerConfig:

@@ -84,6 +84,14 @@ class TextSpec(Strict):
     canonical: Canonical = Canonical()
     split: TextSplit = TextSplit()
     samples: Samples = Samples()
+    max_chars: int = Field(
+        50_000_000,
+        ge=1,
+        le=2_000_000_000,
+        description="the most characters the whole corpus may have after canonicalisation; a larger "
+        "corpus is refused at the corpus stage (its files' sizes are checked before they are read), "
+        "so memory is bounded before tokenizing and training",
+    )
 
     @model_validator(mode="after")
     def _references(self) -> TextSpec:

@@ -79,12 +79,18 @@ def split_text(spec: TextSpec, texts: dict[str, str]) -> tuple[str, str]:
 def build(spec_path: Path, root: Path) -> dict[str, Any]:
     spec = load_spec(spec_path, TextSpec)
     files = {name: fetch_origin(name, o, spec_path, root) for name, o in spec.origins.items()}
+    sizes = {f.file: files[f.origin][f.file].stat().st_size for f in spec.corpus}
+    # UTF-8 takes 1 to 4 bytes a character: files this large cannot fit, whatever they hold.
+    if sum(sizes.values()) > 4 * spec.max_chars:
+        _too_large(spec_path, spec, f"its files hold {sum(sizes.values()):,} bytes")
     texts = {
         f.file: decode(
             files[f.origin][f.file].read_bytes(), f"{spec_path}: corpus file {f.file}", spec.canonical
         )
         for f in spec.corpus
     }
+    if (chars := sum(map(len, texts.values()))) > spec.max_chars:
+        _too_large(spec_path, spec, f"it has {chars:,} characters")
     train, validation = split_text(spec, texts)
     for part, text in (("train", train), ("validation", validation)):
         if not text:
@@ -110,6 +116,15 @@ def build(spec_path: Path, root: Path) -> dict[str, Any]:
     write(root / paths.DATA_RECORD, record)
     write(root / paths.DATA_METRICS, CorpusMetrics.of(record))
     return record.model_dump(mode="json")
+
+
+def _too_large(spec_path: Path, spec: TextSpec, found: str) -> None:
+    files = ", ".join(f.file for f in spec.corpus)
+    raise UserError(
+        f"{spec_path}: field 'max_chars' is {spec.max_chars:,}, and the corpus ({files}) is larger "
+        f"({found}): refused before tokenizing or training allocate for it. Raise max_chars if this "
+        "machine has the memory (about 10 bytes a character while tokenizing), or pin a smaller corpus."
+    )
 
 
 def summary(m: dict[str, Any]) -> str:

@@ -51,6 +51,13 @@ def tokenize(root: Path, name: str, log=None) -> dict[str, Any]:
         raise UserError(f"specs/models/{name}.yaml: tokenize is for family causal_lm, not {spec.family}.")
     texts = {p: corpus_text(root, p) for p in PARTS}
     cfg = spec.causal_lm.tokenizer
+    if cfg.kind == "char" and (n := len(set(texts["train"]) | set(texts["validation"]))) > cfg.max_vocab:
+        raise UserError(
+            f"specs/models/{name}.yaml: field 'causal_lm.tokenizer.max_vocab' is {cfg.max_vocab}, but the "
+            f"corpus has {n:,} distinct characters, so a char vocabulary (and its embedding of {n:,} x "
+            f"{spec.causal_lm.d_model}) would be that large: refused before it is built. Raise max_vocab "
+            "if that is meant, or use tokenizer kind: bpe with a vocab_size."
+        )
     tok = lm_tokenizer.train(cfg, texts["train"], texts["train"] + texts["validation"])
     parts = {}
     with replace_dir(root / paths.tokens_dir(name)) as tmp:
