@@ -25,9 +25,9 @@ LAYERS = {
     "domain": ["calibration", "shipped", "production", "lm_production", "pipeline"],
     "stages": ["stages"],
     "entry points": [
-        "cli", "cli_lm", "compile", "promote", "promote_commit", "remote", "report", "revision",
-        "report_markdown", "report_plots", "serve", "__main__", "registry", "registry_collect",
-        "registry_store", "registry_query", "registry_lm", "verify",
+        "cli", "cli_args", "cli_lm", "compile", "promote", "promote_commit", "remote", "report", "revision",
+        "report_markdown", "report_plots", "serve", "serve_limits", "__main__", "registry",
+        "registry_collect", "registry_store", "registry_query", "registry_lm", "verify",
     ],
 }  # fmt: skip
 MODULES = imports.modules()

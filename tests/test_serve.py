@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import resource
 import shutil
 import socket
 import stat
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -25,7 +28,7 @@ from reprogate.errors import UserError
 from reprogate.model_folder import model_version
 from reprogate.serve import MAX_BATCH, MAX_BODY_BYTES, MAX_TEXT_CHARS, create_app
 from reprogate.stages import calibrate, combine, train
-from tests.conftest import TINY_NGRAM, make_home_project, write_model_spec
+from tests.conftest import BIN, TINY_NGRAM, make_home_project, write_model_spec
 
 
 def _promote_by_hand(root: Path, name: str) -> None:
@@ -720,3 +723,60 @@ def test_a_model_trained_on_a_device_this_host_lacks_is_rescored_where_the_user_
         shutil.rmtree(project / "predictions" / "maclike", ignore_errors=True)
         shutil.rmtree(project / "metrics" / "maclike", ignore_errors=True)
         shutil.rmtree(project / "results" / "maclike", ignore_errors=True)
+
+
+def _serve_process(project: Path, port: int, log: Path, *flags: str) -> subprocess.Popen:
+    """`reprogate serve` as a user starts it, here with the open-file limit of a default shell."""
+
+    def low_file_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(BIN / "reprogate"), "serve", "--port", str(port), *flags],
+            cwd=project,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=low_file_limit,
+        )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"reprogate serve did not start:\n{log.read_text()[-3000:]}")
+
+
+def test_half_open_connections_never_stop_a_normal_client_and_the_log_stays_small(project, tmp_path):
+    """2,000 sockets that send half a request (slowloris), more than the server's 1,024 files:
+    a normal client is answered, the stuck sockets are closed after the header deadline, and the
+    log says so in a few lines, not one per socket."""
+    port, log = _free_port(), tmp_path / "serve.log"
+    server = _serve_process(project, port, log, "--header-timeout", "3")
+    stuck: list[socket.socket] = []
+    try:
+        for _ in range(2000):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: appl")  # and nothing more
+            stuck.append(s)
+        started = time.monotonic()
+        r = httpx.post(f"http://127.0.0.1:{port}/predict", json={"texts": ["turn on the lights"]}, timeout=15)
+        assert r.status_code == 200 and r.json()["predictions"][0]["intent"]
+        assert time.monotonic() - started < 5
+        time.sleep(4)  # past the header deadline: every stuck socket was closed by the server
+        for s in stuck[-50:]:
+            s.settimeout(2)
+            with contextlib.suppress(ConnectionResetError):  # closed either way
+                assert s.recv(1) == b""
+        assert server.poll() is None
+        said = log.read_text()
+        assert len(said) < 50_000, said[-3000:]
+        assert "did not send their request headers in time" in said and "Traceback" not in said
+    finally:
+        for s in stuck:
+            s.close()
+        server.terminate()
+        server.wait(timeout=20)

@@ -11,7 +11,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from reprogate import cli_lm, jsonl, queries, registry
+from reprogate import cli_args, cli_lm, jsonl, queries, registry
 from reprogate.errors import UserError, relative
 from reprogate.runtime import DEVICES
 from reprogate.specs import find_root
@@ -200,7 +200,8 @@ def _write(target: Path | None, lines) -> None:
 def _serve(args: argparse.Namespace) -> int:
     from reprogate.serve import serve
 
-    serve(_project(), args.host, args.port, Path(args.model) if args.model else None, args.device)
+    model = Path(args.model) if args.model else None
+    serve(_project(), args.host, args.port, model, args.device, args.header_timeout, args.max_connections)
     return 0
 
 
@@ -212,17 +213,40 @@ def _verify(args: argparse.Namespace) -> int:
     return status
 
 
-def _positive(value: str) -> int:
-    if not value.isdigit() or int(value) < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a positive whole number")
-    return int(value)
+def _add_report(sub) -> None:
+    rp = sub.add_parser("report", help="compare two revisions from their files: report.md + PNG plots")
+    rp.add_argument("--base", required=True, help="the revision to compare with (e.g. origin/main)")
+    rp.add_argument("--head", help="the revision under review (default: the working tree)")
+    rp.add_argument("--out", default="report", help="folder for report.md, report.json and plots")
+    rp.add_argument(
+        "--base-rebuilt",
+        metavar="DIR",
+        help="a rebuild of the base (its project folder after `make repro`): the report says whether it "
+        "reproduced the base commit, per output, as `reprogate verify` does",
+    )
+    rp.set_defaults(func=_report)
 
 
-def _port(value: str) -> int:
-    port = int(value) if value.isdigit() else -1
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a port; use a number from 0 to 65535")
-    return port
+def _add_serve(sub) -> None:
+    sv = sub.add_parser("serve", help="HTTP JSON API over the production model, with hot reload")
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=cli_args.port, default=8080)
+    sv.add_argument("--model", help="serve this model folder instead of production (not watched)")
+    sv.add_argument("--device", choices=DEVICES, default="auto", help=DEVICE_HELP)
+    sv.add_argument(
+        "--header-timeout",
+        type=cli_args.positive_seconds,
+        default=10.0,
+        help="close a connection whose request headers are not complete this many seconds after it "
+        "connected or got its last answer (default 10)",
+    )
+    sv.add_argument(
+        "--max-connections",
+        type=cli_args.positive_int,
+        help="open connections at most; at the cap the oldest one still owing its headers is closed "
+        "(default: the open-file limit less 256, at most 4096)",
+    )
+    sv.set_defaults(func=_serve)
 
 
 def _add_verify(sub) -> None:
@@ -279,17 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pr.set_defaults(func=_promote)
 
-    rp = sub.add_parser("report", help="compare two revisions from their files: report.md + PNG plots")
-    rp.add_argument("--base", required=True, help="the revision to compare with (e.g. origin/main)")
-    rp.add_argument("--head", help="the revision under review (default: the working tree)")
-    rp.add_argument("--out", default="report", help="folder for report.md, report.json and plots")
-    rp.add_argument(
-        "--base-rebuilt",
-        metavar="DIR",
-        help="a rebuild of the base (its project folder after `make repro`): the report says whether it "
-        "reproduced the base commit, per output, as `reprogate verify` does",
-    )
-    rp.set_defaults(func=_report)
+    _add_report(sub)
 
     rm = sub.add_parser("remote", help="make URL the project's default DVC remote (make remote URL=...)")
     rm.add_argument("url", nargs="?", help="a local folder (default ../reprogate-remote), s3://, gs://, ...")
@@ -307,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     pd.add_argument("--output", help="write JSON lines here instead of stdout")
     pd.add_argument(
         "--max-chars",
-        type=_positive,
+        type=cli_args.positive_int,
         default=queries.MAX_QUERY_CHARS,
         help=f"refuse a query longer than this (default {queries.MAX_QUERY_CHARS}, the server's bound)",
     )
@@ -315,16 +329,11 @@ def build_parser() -> argparse.ArgumentParser:
     pd.add_argument("--device", choices=DEVICES, default="auto", help=DEVICE_HELP)
     pd.set_defaults(func=_predict)
 
-    sv = sub.add_parser("serve", help="HTTP JSON API over the production model, with hot reload")
-    sv.add_argument("--host", default="127.0.0.1")
-    sv.add_argument("--port", type=_port, default=8080)
-    sv.add_argument("--model", help="serve this model folder instead of production (not watched)")
-    sv.add_argument("--device", choices=DEVICES, default="auto", help=DEVICE_HELP)
-    sv.set_defaults(func=_serve)
+    _add_serve(sub)
 
     _add_verify(sub)
 
-    cli_lm.add_parsers(sub, _positive, DEVICE_HELP)
+    cli_lm.add_parsers(sub, cli_args.positive_int, DEVICE_HELP)
     return p
 
 

@@ -130,38 +130,44 @@ def production_files(root: Path, record: Promoted) -> tuple[Path, Path]:
     restored from the files shipped with the project (models/shipped)."""
     version, name = record.model_version, record.model
     kept = root / paths.PROMOTED / version
-    if not (kept / name).is_dir() and _mismatch(record, root / paths.model_dir(name), "") is not None:
-        _restore_shipped(root, record, kept)
-    if (kept / name).is_dir():
-        if why := _mismatch(record, kept / name, "changed after the promotion"):
-            raise UserError(
-                f"{root / paths.PRODUCTION} pins {version}, but its kept copy {why}. Delete {kept} to "
-                f"fall back to the workspace's models/{name}, or promote again after a passing gate."
-            )
-        return kept / name, kept
-    return root / paths.model_dir(name), root / paths.MODELS
+    if not (kept / name).is_dir():
+        why = _mismatch(record, root / paths.model_dir(name), "retrained since")
+        if why is None:
+            return root / paths.model_dir(name), root / paths.MODELS
+        _restore_shipped(root, record, kept, why)
+    if why := _mismatch(record, kept / name, "changed after the promotion"):
+        raise UserError(
+            f"{root / paths.PRODUCTION} pins {version}, but its kept copy {why}. Delete {kept} to "
+            f"fall back to the workspace's models/{name}, or promote again after a passing gate."
+        )
+    return kept / name, kept
 
 
-def _restore_shipped(root: Path, record: Promoted, kept: Path) -> None:
+def _restore_shipped(root: Path, record: Promoted, kept: Path, why: str) -> None:
     """The kept copy, from the shipped remote at the promotion's commit; or the paragraph with
     the two ways a clone gets the promoted files."""
     name, version, commit = record.model, record.model_version, record.code_commit
     try:
+        if not (root / paths.SHIPPED).is_dir() or not commit:
+            raise LookupError(
+                f"this checkout has no {paths.SHIPPED}/" if commit else "the record names no commit"
+            )
         with replace_dir(kept) as tmp:
             shipped.restore(root, commit, name, tmp / name)
             members = load(tmp / name / "fingerprint.json", Fingerprint, "restored from models/shipped")
             for member in members.members or {}:
                 shipped.restore(root, commit, member, tmp / member)
-            if why := _mismatch(record, tmp / name, "not the promoted files"):
-                raise LookupError(why)
+            if wrong := _mismatch(record, tmp / name, "not the promoted files"):
+                raise LookupError(wrong)
     except (LookupError, OSError, UserError) as e:
         raise UserError(
-            f"{root / paths.PRODUCTION} pins {version}, but models/{name} holds another model (or none) "
-            f"and the files shipped with the project do not have it ({e}). Either rebuild the "
-            f"promotion's commit bitwise (`git checkout {commit[:12]} && make repro`; a commit made "
-            "under the numeric pin rebuilds on any CPU that meets it), or get the files from whoever "
-            f"promoted it (`reprogate promote` ships them in {paths.SHIPPED}; commit and push that "
-            f"folder). To serve the workspace's model instead: --model models/{name}."
+            f"{root / paths.PRODUCTION} pins {version}, but {why}, there is no copy in "
+            f"{paths.PROMOTED / version} (promote keeps one), and the files shipped with the project do "
+            f"not have it ({e}). Either rebuild the promotion's commit bitwise (`git checkout "
+            f"{(commit or 'COMMIT')[:12]} && make repro`; a commit made under the numeric pin rebuilds on "
+            f"any CPU that meets it), or get the files from whoever promoted it (`reprogate promote` "
+            f"ships them in {paths.SHIPPED}; commit and push that folder). To serve the workspace's "
+            f"model instead: --model models/{name}."
         ) from None
 
 

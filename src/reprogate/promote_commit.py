@@ -85,10 +85,11 @@ def _commit(root: Path, git_dir: Path, j: PromotionJournal) -> None:
     proc = git.completed(root, "commit", "-q", "-F", "-", "--", *committed, stdin=j.message)
     if proc.returncode == 0:
         return
-    # Back to HEAD's record, in the index too: `add` above staged the new one. Shipped files
-    # leave the index but stay on disk (content-addressed: the next promote reuses them).
+    # Back to HEAD's record, in the index too: `add` above staged the new one. The files shipped
+    # for it leave the index and the disk (the next promote ships them again).
     if len(committed) > 1:
         git.run(root, "reset", "-q", "--", str(SHIPPED), check=False)
+        git.run(root, "clean", "-q", "-f", "-d", "--", str(SHIPPED), check=False)
     if git.committed(root, PRODUCTION) is not None:
         git.run(root, "checkout", "HEAD", "--", str(PRODUCTION), check=False)
     else:

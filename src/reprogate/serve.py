@@ -16,6 +16,7 @@ request is a 4xx with a message, never a 500, and the server keeps answering.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import socket
@@ -30,6 +31,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from reprogate import serve_limits
 from reprogate.errors import UserError, relative
 from reprogate.lm_production import (
     MAX_NEW_TOKENS,
@@ -152,7 +154,13 @@ class Holder:
 
         def loop() -> None:
             while not self._stop.wait(self.interval):
-                self.check()
+                try:
+                    self.check()
+                except OSError as e:  # out of files for a moment, say: keep watching, say why
+                    self.reload_error = f"could not read models/production.json ({e.strerror or e})"
+                    log.error(
+                        "production watcher: %s; still serving %s", self.reload_error, self.current.version
+                    )
 
         self._thread = threading.Thread(target=loop, name="production-watcher", daemon=True)
         self._thread.start()
@@ -341,9 +349,35 @@ def _check_address(host: str, port: int) -> None:
             raise UserError(f"{said}; {fix}.") from None
 
 
-def serve(root: Path, host: str, port: int, model_dir: Path | None, device: str = "auto") -> None:
+def serve(
+    root: Path,
+    host: str,
+    port: int,
+    model_dir: Path | None,
+    device: str = "auto",
+    header_timeout: float = serve_limits.HEADER_TIMEOUT_S,
+    max_connections: int | None = None,
+) -> None:
     import uvicorn
 
     _check_address(host, port)
+    cap = max_connections or serve_limits.default_max_connections()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    uvicorn.run(create_app(root, model_dir, device=device), host=host, port=port, log_level="info")
+    config = uvicorn.Config(
+        create_app(root, model_dir, device=device),
+        host=host,
+        port=port,
+        log_level="info",
+        http=serve_limits.protocol(header_timeout, cap),
+        # Accepted per wake-up of the listening socket: small, so connections are counted (and
+        # the cap enforced) between batches, never past the file limit in one.
+        backlog=serve_limits.ACCEPT_BATCH,
+    )
+    serve_limits.limit_logs()
+    server = uvicorn.Server(config)
+
+    async def run() -> None:
+        asyncio.get_running_loop().set_exception_handler(serve_limits.loop_errors)
+        await server.serve()
+
+    asyncio.run(run())

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from reprogate import models
+from reprogate import imports, models
 from reprogate import paths as project
 from reprogate.data import gold_indices, load_train_data, rows, split_features
 from reprogate.errors import UserError
@@ -70,9 +70,15 @@ class Paths:
 
 
 def code_hash() -> str:
+    """The source of every module the train stage runs: exactly its code dependencies in dvc.yaml
+    (`reprogate compile` derives them from the same import graph), so the fingerprint changes
+    when, and only when, DVC reruns training. (A hash of the whole package moved with every
+    unrelated edit, and a fresh clone's rebuild then differed from the commit in this file.)"""
     h = hashlib.sha256()
-    for f in sorted(PACKAGE.rglob("*.py")):
-        h.update(str(f.relative_to(PACKAGE)).encode() + b"\0" + f.read_bytes())
+    for module in sorted(imports.closure("reprogate.stages.train") - {"reprogate"}):
+        f = imports.module_file(module)
+        if f is not None:
+            h.update(str(f.relative_to(PACKAGE)).encode() + b"\0" + f.read_bytes())
     return h.hexdigest()
 
 
