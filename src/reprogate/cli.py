@@ -199,9 +199,11 @@ def _write(target: Path | None, lines) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from reprogate.serve import serve
+    from reprogate.serve_limits import Limits
 
     model = Path(args.model) if args.model else None
-    serve(_project(), args.host, args.port, model, args.device, args.header_timeout, args.max_connections)
+    limits = Limits(args.watch_interval, args.header_timeout, args.max_connections)
+    serve(_project(), args.host, args.port, model, args.device, limits)
     return 0
 
 
@@ -233,6 +235,12 @@ def _add_serve(sub) -> None:
     sv.add_argument("--port", type=cli_args.port, default=8080)
     sv.add_argument("--model", help="serve this model folder instead of production (not watched)")
     sv.add_argument("--device", choices=DEVICES, default="auto", help=DEVICE_HELP)
+    sv.add_argument(
+        "--watch-interval",
+        type=cli_args.positive_seconds,
+        default=1.0,
+        help="seconds between looks at models/production.json for a promotion or rollback (default 1)",
+    )
     sv.add_argument(
         "--header-timeout",
         type=cli_args.positive_seconds,

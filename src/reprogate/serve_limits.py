@@ -19,6 +19,7 @@ import errno
 import logging
 import resource
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import h11
@@ -31,6 +32,15 @@ RESERVED_FDS = 256
 ACCEPT_BATCH = 64
 LOG_BURST, LOG_WINDOW_S = 20, 10.0
 log = logging.getLogger("reprogate.serve")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """`reprogate serve`'s options that bound it (see the module)."""
+
+    watch_interval: float = 1.0  # seconds between looks at models/production.json
+    header_timeout: float = HEADER_TIMEOUT_S
+    max_connections: int | None = None  # None: under the open-file limit (default_max_connections)
 
 
 def file_limit() -> int:
