@@ -151,7 +151,8 @@ class Holder:
         # without this every reload kept its predecessor (~70 MB each for the default ensemble).
         # Requests still using it hold their own reference; it goes when they finish.
         gc.collect()
-        if fresh.scorer.device.type == "cuda":  # and the allocator's cache of its blocks with it
+        device = fresh.scorer.device if hasattr(fresh, "scorer") else fresh.device  # a classifier, an LM
+        if device.type == "cuda":  # and the allocator's cache of its blocks with it
             import torch
 
             torch.cuda.empty_cache()
