@@ -74,6 +74,8 @@ def test_predict_one_and_many(client):
     assert client.get("/healthz").json()["status"] == "ok"
     v = client.get("/version").json()
     assert v["model"] == "tiny" and v["code_commit"] == "test" and "temperature" in v["calibration"]
+    labels = json.loads((client.app.state.holder.current.scorer.dir / "labels.json").read_text())
+    assert v["intents"] == [x for x in labels if x != "out_of_scope"] and "play_music" in v["intents"]
 
 
 def test_a_query_meets_the_spelling_the_model_was_trained_on(client):

@@ -7,11 +7,12 @@ exception: Home Assistant's log only ever sees a warning.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import aiohttp
 
-from .const import MAX_TEXT_CHARS
+from .const import MAX_RESPONSE_BYTES, MAX_TEXT_CHARS
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,44 @@ class Failure:
     details: dict = field(default_factory=dict)
 
 
+class TooLarge(Exception):
+    """A response body past MAX_RESPONSE_BYTES: left unread."""
+
+
+async def read_bounded(resp: aiohttp.ClientResponse) -> bytes:
+    """The body, or TooLarge as soon as it passes MAX_RESPONSE_BYTES (declared or streamed)."""
+    if resp.content_length is not None and resp.content_length > MAX_RESPONSE_BYTES:
+        raise TooLarge(f"it declared {resp.content_length} bytes")
+    chunks, size = [], 0
+    async for chunk in resp.content.iter_chunked(16 * 1024):
+        size += len(chunk)
+        if size > MAX_RESPONSE_BYTES:
+            raise TooLarge(f"it sent more than {MAX_RESPONSE_BYTES} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def get_json(session: aiohttp.ClientSession, url: str, timeout: float) -> object:
+    """GET `url` as JSON, bounded in time and size; raises aiohttp.ClientError, TimeoutError,
+    TooLarge or ValueError."""
+    async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+        if resp.status != 200:
+            raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status)
+        return json.loads(await read_bounded(resp))
+
+
+async def vocabulary(session: aiohttp.ClientSession, url: str, timeout: float) -> list[str] | None:
+    """The intents the served model may act on (GET /version), or None when not available."""
+    try:
+        version = await get_json(session, f"{url.rstrip('/')}/version", timeout)
+    except (aiohttp.ClientError, TimeoutError, TooLarge, ValueError):
+        return None
+    intents = version.get("intents") if isinstance(version, dict) else None
+    if not isinstance(intents, list) or not all(isinstance(x, str) and len(x) <= 100 for x in intents):
+        return None
+    return intents[:1000]
+
+
 async def predict(session: aiohttp.ClientSession, url: str, text: str, timeout: float) -> Answer | Failure:
     truncated = len(text) > MAX_TEXT_CHARS
     body = {"text": text[:MAX_TEXT_CHARS]}
@@ -40,13 +79,18 @@ async def predict(session: aiohttp.ClientSession, url: str, text: str, timeout: 
     try:
         async with session.post(where, json=body, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             if resp.status != 200:
-                detail = (await resp.text())[:300]
+                detail = (await resp.content.read(300)).decode("utf-8", "replace")
                 return Failure(
                     f"reprogate refused the request (HTTP {resp.status}), so I did nothing.",
                     f"reprogate at {where} answered HTTP {resp.status}: {detail}",
                     {"status": resp.status},
                 )
-            payload = await resp.json(content_type=None)
+            payload = json.loads(await read_bounded(resp))
+    except TooLarge as e:
+        return Failure(
+            "reprogate answered far more than a prediction, so I did nothing.",
+            f"reprogate at {where} answered a body too large to be a prediction ({e}); refused unread",
+        )
     except TimeoutError:
         return Failure(
             f"reprogate did not answer within {timeout:g} seconds, so I did nothing.",

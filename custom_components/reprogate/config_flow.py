@@ -1,7 +1,10 @@
-"""Set the integration up from the UI: the URL of `reprogate serve` and the answer timeout.
+"""Set the integration up from the UI: the URL of `reprogate serve`, the answer timeout, and the
+intents the agent may run.
 
 The URL is checked before the entry is created (GET /healthz answers with the model being
-served), so a typo is a form error, not a silent agent that never answers.
+served), so a typo is a form error, not a silent agent that never answers. The allow-list is
+chosen from the served model's own vocabulary (GET /version); by default, the intents this home
+has an intent_script for. Whatever a server answers, the agent runs nothing outside it.
 """
 
 from __future__ import annotations
@@ -11,10 +14,13 @@ from typing import Any
 import aiohttp
 import voluptuous as vol
 from homeassistant.config_entries import ConfigEntry, ConfigFlow, ConfigFlowResult, OptionsFlow
-from homeassistant.core import callback
+from homeassistant.core import HomeAssistant, callback
+from homeassistant.helpers import config_validation as cv
+from homeassistant.helpers import intent
 from homeassistant.helpers.aiohttp_client import async_get_clientsession
 
-from .const import CONF_TIMEOUT, CONF_URL, DEFAULT_TIMEOUT, DEFAULT_URL, DOMAIN
+from .client import vocabulary
+from .const import CONF_INTENTS, CONF_TIMEOUT, CONF_URL, DEFAULT_TIMEOUT, DEFAULT_URL, DOMAIN
 
 TIMEOUT = vol.All(vol.Coerce(float), vol.Range(min=0.1, max=60))
 
@@ -40,6 +46,16 @@ async def _check(hass, url: str, timeout: float) -> str | None:
     return None if isinstance(body, dict) and "status" in body else "not_reprogate"
 
 
+def scripted_intents(hass: HomeAssistant) -> set[str]:
+    """The intents this home runs through an intent_script entry (not Home Assistant's built-in
+    ones such as HassCancelAllTimers or HassNevermind)."""
+    return {
+        h.intent_type
+        for h in intent.async_get(hass)
+        if type(h).__module__.startswith("homeassistant.components.intent_script")
+    }
+
+
 class ReprogateConfigFlow(ConfigFlow, domain=DOMAIN):
     VERSION = 1
 
@@ -51,8 +67,12 @@ class ReprogateConfigFlow(ConfigFlow, domain=DOMAIN):
             self._abort_if_unique_id_configured()
             error = await _check(self.hass, url, user_input[CONF_TIMEOUT])
             if error is None:
+                known = await vocabulary(async_get_clientsession(self.hass), url, user_input[CONF_TIMEOUT])
+                allowed = sorted(set(known or []) & scripted_intents(self.hass))
                 return self.async_create_entry(
-                    title=f"reprogate ({url})", data={CONF_URL: url, CONF_TIMEOUT: user_input[CONF_TIMEOUT]}
+                    title=f"reprogate ({url})",
+                    data={CONF_URL: url, CONF_TIMEOUT: user_input[CONF_TIMEOUT]},
+                    options={CONF_INTENTS: allowed},
                 )
             errors["base"] = error
         return self.async_show_form(
@@ -67,12 +87,24 @@ class ReprogateConfigFlow(ConfigFlow, domain=DOMAIN):
 
 class ReprogateOptionsFlow(OptionsFlow):
     async def async_step_init(self, user_input: dict[str, Any] | None = None) -> ConfigFlowResult:
-        if user_input is not None:
-            return self.async_create_entry(data={CONF_TIMEOUT: user_input[CONF_TIMEOUT]})
         current = {**self.config_entry.data, **self.config_entry.options}
+        if user_input is not None:
+            return self.async_create_entry(
+                data={CONF_TIMEOUT: user_input[CONF_TIMEOUT], CONF_INTENTS: sorted(user_input[CONF_INTENTS])}
+            )
+        timeout = current.get(CONF_TIMEOUT, DEFAULT_TIMEOUT)
+        known = await vocabulary(async_get_clientsession(self.hass), current[CONF_URL], timeout)
+        allowed = current.get(CONF_INTENTS)
+        if allowed is None:
+            allowed = sorted(set(known or []) & scripted_intents(self.hass))
+        # The model's vocabulary to choose from (and what is allowed now, should the server be down).
+        choices = sorted(set(known or []) | set(allowed))
         return self.async_show_form(
             step_id="init",
             data_schema=vol.Schema(
-                {vol.Required(CONF_TIMEOUT, default=current.get(CONF_TIMEOUT, DEFAULT_TIMEOUT)): TIMEOUT}
+                {
+                    vol.Required(CONF_TIMEOUT, default=timeout): TIMEOUT,
+                    vol.Required(CONF_INTENTS, default=list(allowed)): cv.multi_select(choices),
+                }
             ),
         )

@@ -21,7 +21,8 @@ from homeassistant.helpers.aiohttp_client import async_get_clientsession
 from homeassistant.helpers.entity_platform import AddEntitiesCallback
 
 from .client import Answer, Failure, predict
-from .const import CONF_TIMEOUT, CONF_URL, DEFAULT_TIMEOUT, DOMAIN
+from .config_flow import scripted_intents
+from .const import CONF_INTENTS, CONF_TIMEOUT, CONF_URL, DEFAULT_TIMEOUT, DOMAIN
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -87,6 +88,23 @@ class ReprogateAgent(conversation.ConversationEntity):
         return conversation.ConversationResult(response=response, conversation_id=chat_log.conversation_id)
 
     async def _act(self, user_input: conversation.ConversationInput, answer: Answer) -> intent.IntentResponse:
+        settings = {**self.entry.data, **self.entry.options}
+        allowed = settings.get(CONF_INTENTS)
+        if allowed is None:  # an entry made before the allow-list: the home's intent_script intents
+            allowed = scripted_intents(self.hass)
+        if answer.intent not in allowed:
+            _LOGGER.warning(
+                "reprogate answered '%s' with route act, which is not among the intents this integration "
+                "may run (%s); nothing was run. Allow it in the integration's options if it should be",
+                answer.intent[:100],
+                ", ".join(sorted(allowed)) or "none",
+            )
+            self._remember(answer, "not_allowed")
+            return _speech(
+                user_input,
+                f"I understood {answer.intent[:100]}, but that is not something I am allowed to do here, "
+                "so I did nothing.",
+            )
         try:
             response = await intent.async_handle(
                 self.hass,

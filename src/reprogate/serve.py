@@ -331,6 +331,8 @@ def describe(cur, root: Path) -> dict[str, Any]:
             "margin": cur.policy.margin,
         },
         "labels": len(cur.scorer.labels),
+        # What it may answer `act` with: a client (Home Assistant) offers these to allow.
+        "intents": [x for i, x in enumerate(cur.scorer.labels) if i != cur.scorer.oos_index],
         "device": str(cur.scorer.device),
         "files": relative(str(cur.scorer.dir), root),
     }
