@@ -27,7 +27,7 @@ LAYERS = {
     "entry points": [
         "cli", "cli_args", "cli_lm", "compile", "promote", "promote_commit", "remote", "report", "revision",
         "report_markdown", "report_plots", "serve", "serve_limits", "__main__", "registry",
-        "registry_collect", "registry_store", "registry_query", "registry_lm", "verify",
+        "registry_collect", "registry_checks", "registry_store", "registry_query", "registry_lm", "verify",
     ],
 }  # fmt: skip
 MODULES = imports.modules()

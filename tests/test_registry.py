@@ -266,3 +266,80 @@ def test_the_exact_mcnemar_p_is_scipys_binomial_test(kn):
         assert 0 <= binomial_half_p(k, n) < 1e-250
     else:
         assert binomial_half_p(k, n) == pytest.approx(expected, rel=1e-9)
+
+
+def _damage(root: Path, how: str) -> str:
+    """Damage one record of run tiny2 in the working tree; the field the refusal must name."""
+    if how in ("nan", "huge_n"):
+        path = root / "results/tiny2/eval.json"
+        record = json.loads(path.read_text())
+        field = "accuracy" if how == "nan" else "n"
+        record["sets"]["test"][field] = float("nan") if how == "nan" else 10**30
+        path.write_text(json.dumps(record))  # Python writes NaN, as a careless writer would
+        return "is nan" if how == "nan" else "'sets.test.n' is 1000000000000000000000000000000"
+    path = root / "predictions/tiny2/test.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    if how == "not_utf8":
+        path.write_bytes(lines[0] + lines[1].replace(b'"text": "', b'"text": "\xff', 1) + b"".join(lines[2:]))
+        return "is not UTF-8"
+    if how == "duplicate_id":
+        path.write_bytes(b"".join(lines) + lines[0])
+        return "is on more than one line"
+    row = json.loads(lines[0])
+    row["text"] = "x" * (50 << 20)  # 50 MB in one field
+    path.write_bytes(json.dumps(row).encode() + b"\n" + b"".join(lines[1:]))
+    return "a line of 52,4"
+
+
+@pytest.mark.parametrize("how", ["nan", "huge_n", "not_utf8", "duplicate_id", "huge_string"])
+def test_a_hostile_record_is_one_paragraph_and_only_its_run_is_left_out(synced, tmp_path, how):
+    root = copy_home(synced, tmp_path / "home")
+    shutil.rmtree(root / "registry")
+    said_field = _damage(root, how)
+    proc = subprocess.run(
+        [str(BIN / "reprogate"), "registry", "sync"], cwd=root, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert said_field in proc.stderr and "Nothing of run tiny2" in proc.stderr, proc.stderr[-2000:]
+    assert {r["model"] for r in _sql(root, "SELECT model FROM runs")} == {"tiny", "duo"}
+    assert _sql(
+        root, "SELECT count(*) AS n FROM evaluations e JOIN runs r USING (run_key) WHERE model = 'tiny2'"
+    ) == [{"n": 0}]
+    assert all(r["duplicate_key_groups"] == 0 for r in _check(root).values())
+    board = _sql(root, "SELECT value FROM evaluations WHERE metric = 'accuracy' AND NOT isfinite(value)")
+    assert board == []
+
+
+def test_a_truncated_table_file_is_named_and_check_repair_rebuilds_it_from_the_records(synced, tmp_path):
+    root = copy_home(synced, tmp_path / "home")
+    before = _sql(root, 'SELECT run_key, "set", item_id, predicted FROM predictions ORDER BY ALL')
+    [data] = sorted((root / "registry" / "predictions").glob("*.parquet"))[:1]
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])  # a disk that filled mid-write
+    for args in (("sql", "SELECT count(*) FROM predictions"), ("sync",), ("check",)):
+        proc = run_cli("registry", *args, cwd=root)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert "predictions (" in proc.stderr and "reprogate registry check --repair" in proc.stderr
+    said = run_cli("registry", "check", "--repair", cwd=root, check=True).stdout
+    assert "registry: predictions (" in said and "set aside at" in said and "rebuilt predictions" in said
+    kept = list((root / "registry" / ".damaged").iterdir())
+    assert len(kept) == 1 and kept[0].name.startswith("predictions-")  # the damaged table is kept
+    assert _sql(root, 'SELECT run_key, "set", item_id, predicted FROM predictions ORDER BY ALL') == before
+    assert "nothing to repair" in run_cli("registry", "check", "--repair", cwd=root, check=True).stdout
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "SELECT * FROM read_csv('/etc/passwd')",
+        "COPY (SELECT 1 AS x) TO '{out}'",
+        "ATTACH '{out}' AS other",
+        "SET enable_external_access = true",
+        "INSTALL httpfs",
+    ],
+)
+def test_registry_sql_reads_the_tables_and_nothing_else(synced, tmp_path, query):
+    out = tmp_path / "written.csv"
+    proc = run_cli("registry", "sql", query.format(out=out), cwd=synced)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "registry sql:" in proc.stderr and not out.exists()
+    assert _sql(synced, "SELECT count(*) AS n FROM runs") == [{"n": 3}]  # the tables still read

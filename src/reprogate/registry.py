@@ -179,17 +179,25 @@ def _note(message: str) -> None:
     print(message, file=sys.stderr)
 
 
-def sync(root: Path, revs: list[str], all_commits: bool = False, verbose: bool = False, log=_note) -> str:
+def sync(
+    root: Path, revs: list[str], all_commits: bool = False, verbose: bool = False, log=_note, rebuild=False
+) -> str:
+    """`rebuild`: read every run's records whole, as if the registry held none (what `check
+    --repair` does after setting a damaged table aside); the keyed MERGE adds only what is missing."""
     from tqdm import tqdm
 
     from reprogate.registry_collect import collect
+    from reprogate.registry_query import damage_paragraph
     from reprogate.registry_store import Store
     from reprogate.specs import load_params
 
     store = Store.at(root, load_params(root).registry)
     store.check_writable()
+    if damaged := store.damaged(whole=False):
+        raise UserError(damage_paragraph(store, damaged))
     sources = _sources(root, revs, all_commits)
-    synced_at, seen, runs, gate, held = datetime.now(UTC), set(), {}, {}, _held(store)
+    synced_at, seen, runs, gate = datetime.now(UTC), set(), {}, {}
+    held = {} if rebuild else _held(store)
     problems, notes, same = [], [], 0
     for rev in tqdm(sources, desc="registry: read", unit="revision", disable=len(sources) < 3):
         got = collect(rev, {**_stamp(root, rev), "synced_at": synced_at}, seen, held)
@@ -235,6 +243,8 @@ def command(root: Path, args: argparse.Namespace) -> str:
         done = store.optimize()
         return "".join(f"registry: {t}: {v['files_removed']} files compacted into {v['files_added']}, "
                        f"{v['vacuumed']} old files removed\n" for t, v in done.items())  # fmt: skip
+    if args.action == "check" and args.repair:
+        return repair(root, store)
     reg = Registry(store)
     if args.action == "sql":
         result = reg.sql(args.query)
@@ -247,6 +257,18 @@ def command(root: Path, args: argparse.Namespace) -> str:
     else:
         result = reg.check()
     return result.render(args.format)
+
+
+def repair(root: Path, store) -> str:
+    """Set every table that cannot be read whole aside (under .damaged/, kept) and rebuild it
+    from the records of every commit (git and the DVC cache)."""
+    damaged = store.damaged(whole=True)
+    if not damaged:
+        return "registry: every table reads whole; nothing to repair\n"
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    moved = [f"registry: {t} ({why}) set aside at {store.set_aside(t, stamp)}" for t, why in damaged.items()]
+    said = sync(root, [], all_commits=True, rebuild=True)
+    return "\n".join([*moved, said, f"registry: rebuilt {', '.join(damaged)} from the records"]) + "\n"
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -270,7 +292,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     lb.add_argument("set", help="test, validation, oos_test, ...")
     lb.add_argument("metric", help="accuracy, macro_f1, ece_after, wrong_action_rate, ...")
     lb.add_argument("--limit", type=int, default=20)
-    actions.add_parser("check", help="rows, duplicate-key groups and version of every table")
+    ck = actions.add_parser("check", help="rows, duplicate-key groups and version of every table")
+    ck.add_argument(
+        "--repair",
+        action="store_true",
+        help="set a table that cannot be read whole aside and rebuild it from the records of every commit",
+    )
     actions.add_parser("optimize", help="compact small files, vacuum files older than a week")
     for p in (q, c, h, lb, actions.choices["check"]):
         p.add_argument("--format", choices=("table", "json", "csv"), default="table")

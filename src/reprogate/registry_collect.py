@@ -21,6 +21,7 @@ import pyarrow.json as pj
 import yaml
 
 from reprogate import paths, registry_lm
+from reprogate import registry_checks as checks
 from reprogate.errors import UserError
 from reprogate.hashing import content_key
 from reprogate.lm_records import LmTrainRecord
@@ -38,13 +39,10 @@ from reprogate.records import (
     train_key,
     validated,
 )
+from reprogate.registry_checks import FIX
 from reprogate.registry_tables import TABLES, arrow_schema, run_identity
 from reprogate.revision import Revision
 
-FIX = (
-    "it is not the record reprogate writes: rerun the stage that writes it (`dvc repro`), or "
-    "restore it from git."
-)
 _PREDICTION_SCHEMA = arrow_schema(PredictionLine)
 RAW_NAMES = ("loss", "lr")  # the metrics_raw rows of one logged update
 
@@ -134,6 +132,7 @@ def signature(rev: Revision, model: str) -> str | None:
 
 def _json(rev: Revision, path: Path, shape, dvc_output: bool = False):
     raw = rev.output(path) if dvc_output else rev.text(path)
+    checks.record_size(raw, f"registry: {path} at {rev.label}")
     return None if raw is None else validated(raw, shape, f"registry: {path} at {rev.label}", FIX)
 
 
@@ -169,6 +168,7 @@ def _run(rev: Revision, model: str, stamp: dict[str, Any], held: dict[str, int])
         "metrics": _table("metrics", _curve(rev, model, key) if trained else []),
         "metrics_raw": _table("metrics_raw", _raw(rev, model, run["train_key"], key) if trained else []),
     }
+    checks.finite(f"{model} at {rev.label}", model, run, rows)
     return RunBundle(run, rows)
 
 
@@ -210,7 +210,10 @@ def _empty(table: str) -> pa.Table:
 
 
 def _table(table: str, rows: list[dict[str, Any]]) -> pa.Table:
-    return pa.Table.from_pylist(rows, schema=TABLES[table].schema)
+    try:
+        return pa.Table.from_pylist(rows, schema=TABLES[table].schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:  # e.g. a count past 2**63
+        raise UserError(f"registry: a {table} row does not fit its column ({e}); {FIX}") from None
 
 
 def _predictions(text: str, where: str, run_key: str, set_name: str) -> pa.Table:
@@ -218,6 +221,7 @@ def _predictions(text: str, where: str, run_key: str, set_name: str) -> pa.Table
     (fast: 3,000 lines in milliseconds); a file Arrow cannot read that way is read again line by
     line with PredictionLine itself, which names the line and field."""
     data = text.encode()
+    checks.lines(data, where)
     try:
         raw = pj.read_json(
             io.BytesIO(data),
@@ -235,6 +239,7 @@ def _predictions(text: str, where: str, run_key: str, set_name: str) -> pa.Table
         raise UserError(f"{where}: not JSON Lines of predictions; {FIX}") from None
     if raw.num_rows == 0:
         return _empty("predictions")
+    checks.unique_ids(raw.column("id"), where)
     gold, predicted = raw.column("gold"), raw.column("predicted")
     columns = {
         "run_key": pa.array([run_key] * raw.num_rows),
@@ -257,6 +262,7 @@ def _evaluations(run_key: str, evaluation: Evaluation) -> list[dict[str, Any]]:
     rows = []
     for name, s in evaluation.sets.items():
         numbers = s.model_dump(mode="json", exclude_unset=True)
+        checks.count(s.n, f"results/<model>/eval.json: field 'sets.{name}.n'")
         for metric, value in sorted(numbers.items()):
             if metric == "n" or isinstance(value, bool) or not isinstance(value, int | float):
                 continue

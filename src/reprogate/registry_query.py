@@ -8,7 +8,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import re
 from typing import Any
 
 import duckdb
@@ -51,6 +50,15 @@ class Result:
         return "\n".join(lines) + f"\n({len(self.rows)} row{'s' * (len(self.rows) != 1)})\n"
 
 
+def damage_paragraph(store: Store, damaged: dict[str, str]) -> str:
+    which = "; ".join(f"{t} ({why})" for t, why in damaged.items())
+    return (
+        f"registry: table(s) at {store.uri} cannot be read whole: {which}. `reprogate registry check "
+        "--repair` sets the damaged table aside (kept under .damaged/) and rebuilds it from the records "
+        "(git and the DVC cache); nothing else is touched."
+    )
+
+
 def _cell(v: Any) -> str:
     if v is None:
         return ""
@@ -61,38 +69,54 @@ def _cell(v: Any) -> str:
 
 
 class Registry:
+    """DuckDB over the tables. Every table is a view made before any query runs; then DuckDB's
+    access to files, extensions and other databases is switched off and locked, but for reading
+    the tables' own files, so a query (`registry sql` takes any) can read the registry and
+    nothing else: no `read_csv('/etc/...')`, no COPY ... TO, no ATTACH, no INSTALL."""
+
     def __init__(self, store: Store):
         self.store = store
         self.con = duckdb.connect()
-        self._loaded: set[str] = set()
+        files = {name: self._files(name) for name in TABLES}
+        # Only the files of the tables' current versions may be read; nothing may be written.
+        self.con.execute("SET allowed_paths = ?", [[f for fs in files.values() for f in fs]])
+        try:
+            for name, t in TABLES.items():
+                self._view(name, t.schema, files[name])
+        except duckdb.Error as e:  # a file whose footer cannot be read: say which, and the fix
+            damaged = store.damaged(whole=False) or {"?": str(e).splitlines()[0]}
+            raise UserError(damage_paragraph(store, damaged)) from None
+        self.con.execute("SET enable_external_access = false")
+        self.con.execute("SET lock_configuration = true")
 
-    def _load(self, query: str) -> None:
-        """Make a view of each table `query` names. A local table is DuckDB's own Parquet scan of
-        the files its current Delta version lists (lazy, with filters pushed into the scan); a
-        table in object storage is read into Arrow through deltalake (DuckDB's readers for
-        s3:// and the like are extensions it would download). Not deltalake's lazy dataset: it
-        writes strings as string_view, and pyarrow cannot filter those."""
-        for name, t in TABLES.items():
-            if name in self._loaded or not re.search(rf"\b{name}\b", query):
-                continue
-            table = self.store.table(name)  # a registry never synced reads as empty tables
-            files = table.file_uris() if table else []
-            if files and is_local(self.store.uri):
-                listed = ", ".join("'" + f.removeprefix("file://").replace("'", "''") + "'" for f in files)
-                self.con.execute(
-                    f"CREATE VIEW {name} AS SELECT * FROM read_parquet([{listed}], union_by_name = true)"
-                )
-            else:
-                self.con.register(
-                    name, table.to_pyarrow_dataset().to_table() if files else t.schema.empty_table()
-                )
-            self._loaded.add(name)
+    def _files(self, name: str) -> list[str]:
+        table = self.store.table(name)  # a registry never synced reads as empty tables
+        if table is None or not is_local(self.store.uri):
+            return []
+        return [f.removeprefix("file://") for f in table.file_uris()]
+
+    def _view(self, name: str, schema: Any, files: list[str]) -> None:
+        """A local table is DuckDB's own Parquet scan of the files its current Delta version lists
+        (lazy, with filters pushed into the scan); a table in object storage is read into Arrow
+        through deltalake (DuckDB's readers for s3:// and the like are extensions it would
+        download). Not deltalake's lazy dataset: it writes strings as string_view, and pyarrow
+        cannot filter those."""
+        if files:
+            listed = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
+            self.con.execute(
+                f"CREATE VIEW {name} AS SELECT * FROM read_parquet([{listed}], union_by_name = true)"
+            )
+            return
+        table = None if is_local(self.store.uri) else self.store.table(name)
+        has_rows = table is not None and table.file_uris()
+        self.con.register(name, table.to_pyarrow_dataset().to_table() if has_rows else schema.empty_table())
 
     def sql(self, query: str, params: list | None = None) -> Result:
-        self._load(query)
         try:
             rel = self.con.execute(query, params or [])
         except duckdb.Error as e:
+            if damaged := self.store.damaged():
+                raise UserError(damage_paragraph(self.store, damaged)) from None
             tables = ", ".join(TABLES)
             raise UserError(f"registry sql: {str(e).splitlines()[0]} (the tables are {tables}).") from None
         if rel.description is None:
@@ -101,7 +125,6 @@ class Registry:
 
     def run_key(self, prefix: str) -> str:
         """A run by the start of its key (as `git` takes a short commit), or one paragraph."""
-        self._load("runs")
         found = [r[0] for r in self.con.execute(
             "SELECT run_key FROM runs WHERE starts_with(run_key, ?) ORDER BY run_key", [prefix]
         ).fetchall()]  # fmt: skip
@@ -132,7 +155,6 @@ class Registry:
                 f'FROM ({pairs}) WHERE a_right <> b_right ORDER BY change, "set", item_id',
                 [ka, kb],
             )
-        self._load("predictions")
         per_set = self.con.execute(
             f'SELECT "set", list(a_right), list(b_right) FROM ({pairs}) GROUP BY "set" ORDER BY "set"',
             [ka, kb],
@@ -183,13 +205,12 @@ class Registry:
         """Rows, duplicate-key groups (the query is in the `duplicates` column's SQL here) and
         current version of every table: what shows a re-import doubled nothing."""
         rows = []
-        self._load(" ".join(TABLES))
         for name, t in TABLES.items():
             key = ", ".join(f'"{k}"' for k in t.key)
-            n = self.con.execute(f"SELECT count(*) FROM {name}").fetchone()[0]
-            dups = self.con.execute(
+            n = self.sql(f"SELECT count(*) FROM {name}").rows[0][0]
+            dups = self.sql(
                 f"SELECT count(*) FROM (SELECT {key} FROM {name} GROUP BY {key} HAVING count(*) > 1)"
-            ).fetchone()[0]
+            ).rows[0][0]
             table = self.store.table(name)
             rows.append((name, ", ".join(t.key), n, dups, table.version() if table else None))
         return Result(["table", "key", "rows", "duplicate_key_groups", "version"], rows)

@@ -103,6 +103,40 @@ class Store:
             return TABLES[name].schema.empty_table().select(columns or TABLES[name].schema.names)
         return table.to_pyarrow_dataset().to_table(columns=columns)
 
+    def damaged(self, whole: bool = True) -> dict[str, str]:
+        """Table -> why, for each table whose current version names a file that cannot be read
+        (truncated, overwritten, gone). `whole`: every byte of every file, as `check --repair`
+        does; otherwise each file's footer only, as every sync does first (milliseconds)."""
+        import pyarrow.parquet as pq
+
+        out = {}
+        for name in TABLES:
+            try:
+                table = self.table(name)
+                for uri in table.file_uris() if table else []:
+                    try:
+                        path = uri.removeprefix("file://") if is_local(uri) else uri
+                        pq.read_table(path) if whole else pq.read_metadata(path)
+                    except (pa.ArrowException, OSError) as e:
+                        out[name] = f"{uri.rsplit('/', 1)[-1]}: {str(e).splitlines()[0]}"
+                        break
+            except UserError as e:  # its commit log cannot be read at all
+                out[name] = str(e)
+        return out
+
+    def set_aside(self, name: str, stamp: str) -> str:
+        """Move a damaged local table under .damaged/ (kept, never deleted); where it went."""
+        if not is_local(self.uri):
+            raise UserError(
+                f"registry: table {self.path(name)} is damaged; in object storage, move it aside with the "
+                "storage's own tools (e.g. `aws s3 mv --recursive`), then run `reprogate registry check "
+                "--repair` again to rebuild it from the records."
+            )
+        dest = Path(self.uri) / ".damaged" / f"{name}-{stamp}"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        Path(self.path(name)).rename(dest)
+        return str(dest)
+
     def versions(self) -> dict[str, int | None]:
         return {name: (t.version() if (t := self.table(name)) else None) for name in TABLES}
 

@@ -64,25 +64,26 @@ class Revision:
         """A git-tracked file as this revision holds it; None when it has none."""
         if self.rev is None:
             p = self.root / path
-            return p.read_text(encoding="utf-8") if p.is_file() else None
+            return _utf8(p.read_bytes(), path, self.label) if p.is_file() else None
         # `./`: relative to the project (git runs there), which may be a subfolder (lm/) of the
         # repository; a bare path would name the top folder's file of that name.
-        proc = git.completed(self.root, "show", f"{self.commit}:./{Path(path).as_posix()}")
-        return proc.stdout if proc.returncode == 0 else None
+        raw = git.committed(self.root, Path(path), self.commit)
+        return _utf8(raw, path, self.label) if raw is not None else None
 
     def output(self, path: Path | str) -> str | None:
         """A DVC output as this revision's dvc.lock pins it, from the cache or the remote."""
         if self.rev is None:
             p = self.root / path
             if p.is_file():
-                return p.read_text(encoding="utf-8")
+                return _utf8(p.read_bytes(), path, self.label)
             self.missing.append(f"{path} (not in the working tree: run `dvc repro` or `dvc pull`)")
             return None
         try:
-            return self._dvc_fs.read_text(self._prefix + Path(path).as_posix(), encoding="utf-8")
+            raw = self._dvc_fs.read_bytes(self._prefix + Path(path).as_posix())
         except Exception as e:  # noqa: BLE001 - DVC raises many kinds; each means "not here"
             self.missing.append(f"{path} ({type(e).__name__}: not in the DVC cache or remote)")
             return None
+        return _utf8(raw, path, self.label)
 
     @cached_property
     def _dvc_fs(self):
@@ -193,3 +194,16 @@ def stage_changes(base: dict[str, Any], head: dict[str, Any]) -> dict[str, list[
         "added": sorted(s for s in head if s not in base),
         "removed": sorted(s for s in base if s not in head),
     }
+
+
+def _utf8(raw: bytes, path: Path | str, label: str) -> str:
+    """A record's text; a byte that is not UTF-8 is one paragraph naming the file and where."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise UserError(
+            f"{path} at {label}: byte {e.start} (line {line}) is not UTF-8 ({raw[e.start : e.start + 4]!r}); "
+            "reprogate writes its records in UTF-8, so this file was damaged or written by something "
+            "else: rerun the stage that writes it (`dvc repro`), or restore it from git."
+        ) from None
