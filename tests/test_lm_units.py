@@ -239,3 +239,18 @@ def test_a_corpus_or_char_vocabulary_past_its_cap_is_refused_before_use(tmp_path
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "field 'causal_lm.tokenizer.max_vocab' is 8, but the corpus has" in proc.stderr
     assert not (tmp_path / "data" / "tokens" / "gpt").exists()
+
+
+def test_a_cap_checked_before_training_does_not_make_the_committed_plan_stale():
+    from reprogate.lm_training import speed_key
+
+    spec = load_spec(REPO / "lm" / "specs" / "models" / "gpt.yaml", ModelSpec)
+    raised = spec.model_copy(
+        update={
+            "causal_lm": spec.causal_lm.model_copy(
+                update={"tokenizer": spec.causal_lm.tokenizer.model_copy(update={"max_vocab": 9})}
+            )
+        }
+    )
+    wider = spec.model_copy(update={"causal_lm": spec.causal_lm.model_copy(update={"d_model": 128})})
+    assert speed_key(raised) == speed_key(spec) != speed_key(wider)

@@ -110,7 +110,10 @@ class PlanSpec(Strict):
 def speed_fields(spec: Any) -> dict[str, Any]:
     """The model spec fields an update's time depends on (the plan's speed_key hashes them)."""
     return {
-        "causal_lm": spec.causal_lm.model_dump(mode="json", exclude={"eval_points"}),
+        # Not the caps a stage checks before training (tokenizer.max_vocab): they change no update.
+        "causal_lm": spec.causal_lm.model_dump(
+            mode="json", exclude={"eval_points": True, "tokenizer": {"max_vocab"}}
+        ),
         **{k: getattr(spec, k) for k in ("micro_batch", "grad_accum", "device", "precision", "threads")},
         "processes": spec.processes,
     }
