@@ -115,6 +115,16 @@ def test_promote_push_without_a_remote_says_how_to_configure_one(home_pipeline, 
     assert git_cmd(root, "tag", "--list") == ""
 
 
+def _bare_project(tmp_path: Path, models: str = "[]") -> Path:
+    """A git + DVC project with a params.yaml and nothing else: what `reprogate remote` needs."""
+    root = tmp_path / "project"
+    root.mkdir()
+    git_cmd(root, "init", "-q")
+    dvc_cmd(root, "init", "-q")
+    (root / "params.yaml").write_text(f"data: specs/data/x.yaml\nmodels: {models}\ngate: specs/gate.yaml\n")
+    return root
+
+
 @pytest.mark.parametrize(
     ("url", "said"),
     [
@@ -124,22 +134,14 @@ def test_promote_push_without_a_remote_says_how_to_configure_one(home_pipeline, 
     ],
 )
 def test_a_remote_reprogate_cannot_use_is_refused_by_name(tmp_path, url, said):
-    root = tmp_path / "project"
-    root.mkdir()
-    git_cmd(root, "init", "-q")
-    dvc_cmd(root, "init", "-q")
-    (root / "params.yaml").write_text("data: specs/data/x.yaml\nmodels: []\ngate: specs/gate.yaml\n")
+    root = _bare_project(tmp_path)
     proc = run_cli("remote", url, cwd=root)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and said in proc.stderr
     assert "shared" not in (root / ".dvc" / "config").read_text()
 
 
 def test_the_default_remote_is_a_folder_beside_the_project(tmp_path):
-    root = tmp_path / "project"
-    root.mkdir()
-    git_cmd(root, "init", "-q")
-    dvc_cmd(root, "init", "-q")
-    (root / "params.yaml").write_text("data: specs/data/x.yaml\nmodels: []\ngate: specs/gate.yaml\n")
+    root = _bare_project(tmp_path)
     run_cli("remote", cwd=root, check=True)
     assert (tmp_path / "reprogate-remote").is_dir()
     assert f"url = {tmp_path / 'reprogate-remote'}" in (root / ".dvc" / "config").read_text()
@@ -184,11 +186,7 @@ def test_a_fresh_clone_answers_with_the_promoted_files_the_project_ships(home_pi
 
 
 def test_make_remote_passes_the_url_as_one_argument_never_to_the_shell(tmp_path):
-    root = tmp_path / "project"
-    root.mkdir()
-    git_cmd(root, "init", "-q")
-    dvc_cmd(root, "init", "-q")
-    (root / "params.yaml").write_text("data: specs/data/x.yaml\nmodels: [x]\ngate: specs/gate.yaml\n")
+    root = _bare_project(tmp_path, models="[x]")
     shutil.copy(REPO / "Makefile", root / "Makefile")
     url = tmp_path / "team remote; touch pwned"  # a space, and a command the shell would run
     venv = REPO / ".venv"  # the Makefile's own venv, taken as built

