@@ -19,7 +19,7 @@ from homeassistant.helpers import config_validation as cv
 from homeassistant.helpers import intent
 from homeassistant.helpers.aiohttp_client import async_get_clientsession
 
-from .client import vocabulary
+from .client import TooLarge, get_json, vocabulary
 from .const import CONF_INTENTS, CONF_TIMEOUT, CONF_URL, DEFAULT_TIMEOUT, DEFAULT_URL, DOMAIN
 
 TIMEOUT = vol.All(vol.Coerce(float), vol.Range(min=0.1, max=60))
@@ -32,15 +32,12 @@ def _schema(url: str, timeout: float) -> vol.Schema:
 
 
 async def _check(hass, url: str, timeout: float) -> str | None:
-    """None when a reprogate server answers at `url`, else the form's error key."""
+    """None when a reprogate server answers at `url`, else the form's error key. The answer is
+    read as the agent reads one: bounded in time and size."""
     try:
-        session = async_get_clientsession(hass)
-        async with session.get(
-            f"{url.rstrip('/')}/healthz", timeout=aiohttp.ClientTimeout(total=timeout)
-        ) as resp:
-            if resp.status != 200:
-                return "not_reprogate"
-            body = await resp.json(content_type=None)
+        body = await get_json(async_get_clientsession(hass), f"{url.rstrip('/')}/healthz", timeout)
+    except (aiohttp.ClientResponseError, TooLarge):  # something answered, but not with a status
+        return "not_reprogate"
     except (aiohttp.ClientError, TimeoutError, ValueError):
         return "cannot_connect"
     return None if isinstance(body, dict) and "status" in body else "not_reprogate"

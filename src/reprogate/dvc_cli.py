@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 from reprogate.errors import UserError
 
 
@@ -52,3 +54,9 @@ def default_remote(root: Path) -> str | None:
     """The name of the project's default DVC remote, or None when none is configured."""
     proc = call(root, "remote", "default")
     return proc.stdout.strip() or None if proc.returncode == 0 else None
+
+
+def lock_outputs(text: str | bytes | None) -> dict[str, str | None]:
+    """Every output path of a dvc.lock with its md5 (a folder's ends in .dir)."""
+    lock = yaml.safe_load(text or "") or {}
+    return {o["path"]: o.get("md5") for s in lock.get("stages", {}).values() for o in s.get("outs", [])}

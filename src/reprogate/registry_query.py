@@ -115,7 +115,7 @@ class Registry:
         try:
             rel = self.con.execute(query, params or [])
         except duckdb.Error as e:
-            if damaged := self.store.damaged():
+            if damaged := self.store.damaged(whole=False):  # footers only: a query's typo lands here too
                 raise UserError(damage_paragraph(self.store, damaged)) from None
             tables = ", ".join(TABLES)
             raise UserError(f"registry sql: {str(e).splitlines()[0]} (the tables are {tables}).") from None

@@ -21,8 +21,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import yaml
-
 from reprogate import dvc_cli, paths
 from reprogate.errors import UserError
 
@@ -38,8 +36,8 @@ def declared(root: Path) -> bool:
 def outputs_under(root: Path, folders: list[str]) -> list[str]:
     """The dvc.lock outputs inside models/<folder>/ for each folder (a model's files are the
     outputs of several stages: train writes the weights, calibrate the policy)."""
-    lock = yaml.safe_load((root / "dvc.lock").read_text()) if (root / "dvc.lock").is_file() else {}
-    outs = {o["path"] for s in (lock or {}).get("stages", {}).values() for o in s.get("outs", [])}
+    lock = root / "dvc.lock"
+    outs = dvc_cli.lock_outputs(lock.read_text() if lock.is_file() else None)
     prefixes = [f"{paths.model_dir(f).as_posix()}/" for f in folders]
     found = sorted(p for p in outs if any(p.startswith(x) for x in prefixes))
     missing = [f for f, x in zip(folders, prefixes, strict=True) if not any(p.startswith(x) for p in found)]
@@ -75,9 +73,7 @@ def ship(root: Path, folders: list[str]) -> str:
 
 def restore(root: Path, commit: str, folder: str, dest: Path) -> None:
     """models/<folder>/ as commit `commit` recorded it, from the shipped remote, into `dest`."""
-    store = root / paths.SHIPPED
-    if not store.is_dir():
-        raise LookupError(f"this checkout has no {paths.SHIPPED}/")
+    store = root / paths.SHIPPED  # present: production checks before making the kept copy
     source = paths.model_dir(folder).as_posix()
     print(f"reprogate: restoring {source} of {commit[:12]} from {paths.SHIPPED}", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="reprogate-shipped-") as tmp:

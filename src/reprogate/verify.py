@@ -25,8 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from reprogate import dvc_cli, git, numerics
 from reprogate.errors import UserError
 from reprogate.specs.roots import mirror_dirs
@@ -42,12 +40,6 @@ class Verdict:
     path: str
     verdict: str  # bitwise | within tolerance | different
     detail: str = ""
-
-
-def lock_outputs(text: str | bytes | None) -> dict[str, str | None]:
-    """Every output path of a dvc.lock with its md5 (a folder's ends in .dir)."""
-    lock = yaml.safe_load(text or "") or {}
-    return {o["path"]: o.get("md5") for s in lock.get("stages", {}).values() for o in s.get("outs", [])}
 
 
 def _numbers(a: Any, b: Any, where: str = "") -> tuple[float, str] | None:
@@ -87,10 +79,10 @@ def compare_file(path: str, committed: bytes | None, rebuilt: Path, tolerance: f
 
 def compare(root: Path, rev: str, rebuilt: Path, tolerance: float) -> list[Verdict]:
     """`rebuilt` (a project folder after `dvc repro`) against commit `rev` of the project at `root`."""
-    want = lock_outputs(git.committed(root, DVC_LOCK, rev))
+    want = dvc_cli.lock_outputs(git.committed(root, DVC_LOCK, rev))
     if not want:
         raise UserError(f"{rev}: no {DVC_LOCK} with outputs at that commit; nothing to verify.")
-    got = lock_outputs((rebuilt / DVC_LOCK).read_text() if (rebuilt / DVC_LOCK).is_file() else "")
+    got = dvc_cli.lock_outputs((rebuilt / DVC_LOCK).read_text() if (rebuilt / DVC_LOCK).is_file() else "")
     out = []
     for path, md5 in sorted(want.items()):
         if got.get(path) == md5 and md5 is not None:
