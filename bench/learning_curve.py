@@ -26,11 +26,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from reprogate import training
-from reprogate.data import Example, TrainData
-from reprogate.jsonl import read_jsonl
+from reprogate.data.prepared import Example, TrainData
 from reprogate.models.base import concat, predict_logits
-from reprogate.trainer import total_steps as steps_for
+from reprogate.train import run as training
+from reprogate.train.trainer import total_steps as steps_for
+from reprogate.utils.jsonl import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 POOL = ("train", "validation", "calibration")

@@ -24,8 +24,8 @@ from learning_curve import FOLDS, POOL, ROOT, held_out_log_probs, paired_gain, p
 from safetensors.torch import load_file
 
 from reprogate.models.ensemble import Neighbours
+from reprogate.pipeline.stages.combine import fit_weights
 from reprogate.specs import NeighboursConfig
-from reprogate.stages.combine import fit_weights
 
 SIZE = 0.8
 GRID = [(k, t) for k in (10, 30, 50) for t in (0.02, 0.03, 0.05)]

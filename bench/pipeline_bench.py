@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from reprogate.fetch import mirror_dirs
+from reprogate.data.fetch import mirror_dirs
 
 ROOT = Path(__file__).resolve().parents[1]
 WALL_TARGET_S = 300.0

@@ -28,7 +28,6 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from reprogate import jsonl
 from reprogate.records import (
     Evaluation,
     Fingerprint,
@@ -41,6 +40,7 @@ from reprogate.records import (
     train_key,
     write,
 )
+from reprogate.utils import jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

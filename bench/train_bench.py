@@ -17,11 +17,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from reprogate import training
-from reprogate.data import texts
-from reprogate.plan import measure
-from reprogate.stages import train
-from reprogate.stages.prepare import prepare
+from reprogate.data.prepared import texts
+from reprogate.pipeline.stages import train
+from reprogate.pipeline.stages.prepare import prepare
+from reprogate.train import run as training
+from reprogate.train.plan import measure
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,7 +10,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # The project's numeric pin (numerics.py), before a test module imports numpy or torch, as the
 # `reprogate` entry point sets it for every stage process: in-process stages check it.
-from reprogate import numerics  # noqa: E402
+from reprogate.runtime import numerics  # noqa: E402
 
 numerics.pin(REPO)
 
@@ -106,7 +106,7 @@ TINY_NGRAM = {
 def make_home_project(root: Path) -> Path:
     """A small project of its own: the home-assistant fixture data, pinned and prepared."""
 
-    from reprogate.stages.prepare import prepare
+    from reprogate.pipeline.stages.prepare import prepare
 
     shutil.copytree(REPO / "tests" / "fixtures" / "home", root / "raw")
     (root / "params.yaml").write_text(

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import yaml
 
-from reprogate.errors import UserError
+from reprogate.pipeline.stages import gate
+from reprogate.pipeline.stages.prepare import prepare
 from reprogate.specs import DataSpec, GateSpec, load_spec
-from reprogate.stages import gate
-from reprogate.stages.prepare import prepare
+from reprogate.utils.errors import UserError
 from tests.conftest import REPO, make_home_project
 
 AUTHORED = REPO / "data" / "authored"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from reprogate import queries
-from reprogate.errors import UserError
 from reprogate.specs import load_spec, read_yaml
+from reprogate.utils import queries
+from reprogate.utils.errors import UserError
 from tests.conftest import TINY_NGRAM, make_home_project, run_cli, write_model_spec
 
 # The classic "billion laughs": 469 bytes that expand to 9**9 strings.
@@ -36,8 +36,8 @@ def _peak(fn) -> tuple[int, Exception | None]:
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
-    from reprogate import training
-    from reprogate.stages import calibrate, train
+    from reprogate.pipeline.stages import calibrate, train
+    from reprogate.train import run as training
 
     root = make_home_project(tmp_path_factory.mktemp("bounded"))
     train.train(root, training.Paths.for_model(root, "tiny"), skip_plan=True, log=lambda s: None)
@@ -174,8 +174,8 @@ def test_reading_queries_streams_in_bounded_memory(tmp_path):
 def test_healthz_clears_a_reload_error_once_the_record_is_restored(project):
     from fastapi.testclient import TestClient
 
-    from reprogate.model_folder import model_version
-    from reprogate.serve import create_app
+    from reprogate.serve.app import create_app
+    from reprogate.train.folder import model_version
 
     record = project / "models" / "production.json"
     good = json.dumps({"model": "tiny", "model_version": model_version(project / "models" / "tiny")})

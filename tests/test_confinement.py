@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reprogate.errors import UserError
-from reprogate.stages.prepare import prepare
+from reprogate.pipeline.stages.prepare import prepare
+from reprogate.utils.errors import UserError
 from tests.conftest import TINY_NGRAM, make_home_project, run_cli
 
 OUTSIDE = Path("/etc/passwd")  # readable by everyone, outside every project
@@ -99,7 +99,7 @@ def test_a_symlinked_origin_folder_leading_outside_is_refused(home):
 def test_prepare_refuses_an_outside_file_even_when_validation_was_skipped(home):
     # A file swapped for a link after validation (or a caller that skips it): the fetch checks
     # again, right before it opens anything.
-    from reprogate.fetch import fetch_origin
+    from reprogate.data.fetch import fetch_origin
     from reprogate.specs import load_spec
 
     spec = load_spec(_spec(home))
@@ -183,7 +183,7 @@ def test_a_download_is_written_below_data_raw_under_a_name_the_code_builds(home,
     # sha256: no part of a key can steer the write.
     import urllib.request
 
-    from reprogate.fetch import download_path
+    from reprogate.data.fetch import download_path
 
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me\n")
@@ -220,7 +220,7 @@ def test_a_download_is_written_below_data_raw_under_a_name_the_code_builds(home,
 
 
 def test_a_mirror_symlink_leading_outside_the_mirror_is_not_opened(home, tmp_path, monkeypatch):
-    from reprogate.fetch import _from_mirror
+    from reprogate.data.fetch import _from_mirror
 
     mirror = tmp_path / "mirror"
     mirror.mkdir()

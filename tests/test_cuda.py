@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from reprogate import checkpoint, runlog
+from reprogate.records import runlog
+from reprogate.train import checkpoint
 from tests.conftest import TINY_NGRAM, make_home_project, run_cli, write_model_spec
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -150,7 +151,7 @@ def _predictions(folder: Path) -> dict[tuple[str, str], tuple[str, str, float]]:
 def test_frozen_features_on_cuda_match_the_cpu_ones(project):
     from safetensors.torch import load_file
 
-    from reprogate.stages import features
+    from reprogate.pipeline.stages import features
 
     write_model_spec(project, "frozen_gpu", _encoder("frozen", {"layers": 2, "normalize": True}))
     write_model_spec(

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reprogate import checkpoint
-from reprogate.atomic import remove_stale, replace_dir
-from reprogate.runtime import configure_mps_env
+from reprogate.runtime.device import configure_mps_env
 from reprogate.specs import ModelSpec
-from reprogate.trainer import EpochSampler, lr_factor
+from reprogate.train import checkpoint
+from reprogate.train.trainer import EpochSampler, lr_factor
+from reprogate.utils.atomic import remove_stale, replace_dir
 
 
 @given(
@@ -97,7 +97,8 @@ def test_a_folder_whose_writer_was_killed_is_kept_whole_and_its_leftovers_remove
         [
             sys.executable,
             "-c",
-            "import os, signal, sys; from pathlib import Path; from reprogate.atomic import replace_dir\n"
+            "import os, signal, sys; from pathlib import Path\n"
+            "from reprogate.utils.atomic import replace_dir\n"
             "with replace_dir(Path(sys.argv[1])) as tmp:\n"
             "    (tmp / 'half.txt').write_text('half')\n"
             "    os.kill(os.getpid(), signal.SIGKILL)\n",
@@ -133,8 +134,8 @@ def test_ranks_that_fail_together_are_reported_once(tmp_path, monkeypatch, capfd
     # Ranks over budget all stop at one update. The elastic agent stops the others as soon as
     # one fails: the user reads the message once, from rank 0 when it got to say it, else from
     # the launcher quoting the rank that failed.
-    from reprogate import distributed
-    from reprogate.errors import UserError
+    from reprogate.train import distributed
+    from reprogate.utils.errors import UserError
 
     fake = tmp_path / "python"
     fake.write_text(
@@ -178,8 +179,8 @@ def _ray_spec(**fields):
 def test_a_ray_rank_failing_past_max_restarts_stops_the_run_with_its_error(tmp_path):
     from ray import cloudpickle
 
-    from reprogate import ray_engine
-    from reprogate.errors import UserError
+    from reprogate.train import ray_engine
+    from reprogate.utils.errors import UserError
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray's workers cannot import tests/
     spec = _ray_spec(max_restarts=0)  # restarts themselves are test_elastic's (a worker group takes ~12 s)
@@ -195,8 +196,8 @@ def test_a_ray_address_where_nothing_answers_is_refused_in_bounded_time(tmp_path
     import socket
     import time as clock
 
-    from reprogate import ray_engine
-    from reprogate.errors import UserError
+    from reprogate.train import ray_engine
+    from reprogate.utils.errors import UserError
 
     with socket.socket() as s:  # a loopback port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -219,8 +220,8 @@ def test_a_ray_ranks_reprogate_error_is_said_as_it_is_and_without_its_traceback(
 
     from ray.train import WorkerGroupError
 
-    from reprogate import ray_engine
-    from reprogate.errors import UserError
+    from reprogate.train import ray_engine
+    from reprogate.utils.errors import UserError
 
     said = f"{tmp_path / 'm.yaml'}: training stopped at update 1 of 12: peak memory passed the budget"
     failure = WorkerGroupError("worker errors", {1: UserError(said), 0: RuntimeError("collective aborted")})
@@ -231,6 +232,6 @@ def test_a_ray_ranks_reprogate_error_is_said_as_it_is_and_without_its_traceback(
 
     quiet = ray_engine._NoUserErrorTraceback()
     assert not quiet.filter(
-        record(f"Error in training function:\nTraceback ...\nreprogate.errors.UserError: {said}")
+        record(f"Error in training function:\nTraceback ...\nreprogate.utils.errors.UserError: {said}")
     )
     assert quiet.filter(record("Error in training function:\nTraceback ...\nRuntimeError: rank 1 broke"))

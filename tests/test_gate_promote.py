@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reprogate import training
-from reprogate.calibration import (
+from reprogate.pipeline.stages import calibrate, gate
+from reprogate.predict.calibration import (
     TEMPERATURE_RANGE,
     Policy,
     act_mask,
@@ -24,10 +24,10 @@ from reprogate.calibration import (
     rows_to_certify,
     upper_bound,
 )
-from reprogate.errors import UserError
-from reprogate.model_folder import model_version
 from reprogate.specs import GateSpec
-from reprogate.stages import calibrate, gate
+from reprogate.train import run as training
+from reprogate.train.folder import model_version
+from reprogate.utils.errors import UserError
 from tests.conftest import make_home_project, run_cli
 
 
@@ -258,7 +258,7 @@ def test_a_small_calibration_set_is_said_to_give_estimates_not_bounds():
 
 
 def test_what_a_calibration_cannot_promise_is_kept_with_it(tmp_path):
-    from reprogate.stages import train
+    from reprogate.pipeline.stages import train
 
     root = make_home_project(tmp_path)
     (root / "specs" / "gate.yaml").write_text("kind: gate\npolicy_fit: {confidence: 0.9}\n")
@@ -384,7 +384,7 @@ def test_a_model_that_acts_on_nothing_fails_the_coverage_floor():
 
 
 def test_ensemble_weights_are_fitted_only_where_the_calibration_data_can_weigh_the_members():
-    from reprogate.stages import combine
+    from reprogate.pipeline.stages import combine
 
     rng = np.random.default_rng(1)
     gold = torch.from_numpy(rng.integers(0, 5, 200))
@@ -447,7 +447,7 @@ def test_a_model_spec_edited_into_an_invalid_one_is_a_recorded_failure(tmp_path)
 def test_promote_refuses_a_gate_record_the_gate_did_not_write(tmp_path, record, said):
     # A hand edit or a merge of results/gate.json: one paragraph naming the file and the fix,
     # never a KeyError, and nothing is written.
-    from reprogate import promote
+    from reprogate.promote import promotion as promote
 
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "gate.json").write_text(record)
@@ -464,7 +464,7 @@ def test_the_gate_record_is_what_promote_reads(tmp_path):
         (tmp_path / "results" / name).mkdir(parents=True)
         (tmp_path / "results" / name / "eval.json").write_text(json.dumps(ev))
         (tmp_path / "results" / name / "resume.json").write_text(json.dumps({"passed": True}))
-    from reprogate import promote
+    from reprogate.promote import promotion as promote
 
     (tmp_path / "gate.yaml").write_text("kind: gate\n")
     r = gate.decide(tmp_path, ["sharp", "safe"], tmp_path / "gate.yaml")

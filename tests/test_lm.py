@@ -17,8 +17,8 @@ import yaml
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
+from reprogate.pipeline.stages import resume_check
 from reprogate.specs import ModelSpec, load_spec
-from reprogate.stages import resume_check
 from tests.conftest import BIN, NO_AVX512, REPO, as_another_machine, copy_project, git_cmd, run_cli
 
 FIXTURE = REPO / "tests" / "fixtures" / "lm" / "corpus.txt"
@@ -248,7 +248,7 @@ def test_a_language_model_killed_anywhere_resumes_bitwise(lm_project, lm_referen
 def test_promote_generate_and_serve_a_language_model(lm_project):
     from fastapi.testclient import TestClient
 
-    from reprogate.serve import create_app
+    from reprogate.serve.app import create_app
 
     repo = lm_project.parent
     said = run_cli("promote", cwd=lm_project, check=True).stdout

@@ -16,12 +16,12 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reprogate import lm_eval
-from reprogate import plan as plan_mod
+from reprogate.lm import scoring as lm_eval
 from reprogate.models.causal_lm import CausalLm
+from reprogate.pipeline.stages import corpus
 from reprogate.specs import ModelSpec, TextSpec, load_spec
 from reprogate.specs.lm import CausalLmConfig, PlanSpec
-from reprogate.stages import corpus
+from reprogate.train import plan as plan_mod
 from tests.conftest import REPO
 
 FIXTURE = REPO / "tests" / "fixtures" / "lm" / "corpus.txt"
@@ -70,7 +70,7 @@ def _cut(part: str, chunks: list[str]) -> list[str]:
 
 def test_bpe_tokenizer_is_byte_identical_across_processes(tmp_path):
     script = (
-        "import sys; from reprogate.lm_tokenizer import train; from reprogate.specs import TokenizerConfig;"
+        "import sys; from reprogate.lm.tokenizer import train; from reprogate.specs import TokenizerConfig;"
         "t = open(sys.argv[1]).read();"
         "sys.stdout.write(train(TokenizerConfig(kind='bpe', vocab_size=300), t, t).to_json())"
     )
@@ -86,7 +86,7 @@ def test_bpe_tokenizer_is_byte_identical_across_processes(tmp_path):
 
 @pytest.mark.parametrize("kind", ["char", "bpe"])
 def test_tokenizers_round_trip(kind):
-    from reprogate.lm_tokenizer import load, train
+    from reprogate.lm.tokenizer import load, train
     from reprogate.specs import TokenizerConfig
 
     text = FIXTURE.read_text()
@@ -242,7 +242,7 @@ def test_a_corpus_or_char_vocabulary_past_its_cap_is_refused_before_use(tmp_path
 
 
 def test_a_cap_checked_before_training_does_not_make_the_committed_plan_stale():
-    from reprogate.lm_training import speed_key
+    from reprogate.lm.training import speed_key
 
     spec = load_spec(REPO / "lm" / "specs" / "models" / "gpt.yaml", ModelSpec)
     raised = spec.model_copy(

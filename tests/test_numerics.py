@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reprogate import numerics
-from reprogate.errors import UserError
+from reprogate.runtime import numerics
 from reprogate.specs.params import Numerics
+from reprogate.utils.errors import UserError
 from tests.conftest import NO_AVX512, TINY_NGRAM, as_another_machine, make_home_project, write_model_spec
 
 STAGES = ("features", "train", "calibrate", "evaluate")

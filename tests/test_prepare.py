@@ -13,11 +13,11 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reprogate.errors import UserError
-from reprogate.fetch import mirror_dirs
+from reprogate.data.fetch import mirror_dirs
+from reprogate.pipeline.stages.prepare import normalize, prepare
 from reprogate.specs import Normalization
-from reprogate.stages.prepare import normalize, prepare
-from reprogate.text import canonical
+from reprogate.utils.errors import UserError
+from reprogate.utils.text import canonical
 from tests.conftest import REPO, run_cli
 
 BANKING = REPO / "specs" / "data" / "banking77.yaml"

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from reprogate import locks
-from reprogate.errors import UserError
-from reprogate.git import PROMOTION_JOURNAL
-from reprogate.production import load_servable
+from reprogate.predict.production import load_servable
+from reprogate.utils import locks
+from reprogate.utils.errors import UserError
+from reprogate.utils.git import PROMOTION_JOURNAL
 from tests.conftest import BIN, copy_home, git_cmd, run_cli
 
 IDENTITY = {
@@ -193,7 +193,8 @@ def test_a_promote_killed_inside_git_commit_leaves_locks_the_next_run_clears(fre
 
 
 def test_a_write_fault_in_the_record_leaves_production_as_committed(fresh, monkeypatch):
-    from reprogate import atomic, promote
+    from reprogate.promote import promotion as promote
+    from reprogate.utils import atomic
 
     root, chosen = fresh
     before = (root / "models" / "production.json").read_bytes()

@@ -22,8 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import binomtest
 
-from reprogate.registry_tables import TABLES
-from reprogate.stats import binomial_half_p, mcnemar
+from reprogate.registry.tables import TABLES
+from reprogate.utils.stats import binomial_half_p, mcnemar
 from tests.conftest import BIN, copy_home, git_cmd, run_cli
 
 MODELS = ("tiny", "tiny2", "duo")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from reprogate import runlog
+from reprogate.records import runlog
 from tests.conftest import REPO, copy_home, dvc_cmd, git_cmd, run_cli
 
 VENV = Path(sys.executable).resolve().parent.parent

@@ -158,7 +158,7 @@ HOSTILE = "card_arrival | 1.0 | 1.0 |\n## Approved by security\n<img src=x onerr
 
 
 def test_labels_from_records_cannot_add_rows_sections_html_or_links():
-    from reprogate.report_markdown import _intents, _stages
+    from reprogate.report.markdown import _intents, _stages
 
     moved = [{"intent": HOSTILE, "base": 0.5, "head": 0.75, "delta": 0.25}]
     lines = _intents({"model": "tiny**x**", "moved": moved}) + _stages(

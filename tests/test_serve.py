@@ -25,11 +25,11 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reprogate import training
-from reprogate.errors import UserError
-from reprogate.model_folder import model_version
-from reprogate.serve import MAX_BATCH, MAX_BODY_BYTES, MAX_TEXT_CHARS, create_app
-from reprogate.stages import calibrate, combine, train
+from reprogate.pipeline.stages import calibrate, combine, train
+from reprogate.serve.app import MAX_BATCH, MAX_BODY_BYTES, MAX_TEXT_CHARS, create_app
+from reprogate.train import run as training
+from reprogate.train.folder import model_version
+from reprogate.utils.errors import UserError
 from tests.conftest import BIN, TINY_NGRAM, make_home_project, write_model_spec
 
 
@@ -265,8 +265,8 @@ def _duo_project(tmp_path: Path) -> Path:
 
 
 def test_production_is_served_only_from_the_promoted_files(tmp_path):
-    from reprogate.model_folder import Scorer
-    from reprogate.production import load_servable
+    from reprogate.predict.production import load_servable
+    from reprogate.train.folder import Scorer
 
     root = _duo_project(tmp_path)
     _promote_by_hand(root, "tiny")
@@ -509,9 +509,9 @@ def test_any_unicode_query_gets_a_well_formed_prediction(client, text):
 
 
 def test_production_outlives_a_retrain_and_a_revert_brings_the_old_model_back(tmp_path):
-    from reprogate.production import load_servable
-    from reprogate.promote import keep_promoted
-    from reprogate.serve import Holder
+    from reprogate.predict.production import load_servable
+    from reprogate.promote.promotion import keep_promoted
+    from reprogate.serve.app import Holder
 
     root = _duo_project(tmp_path)
     queries = ["turn off the hall lights", "play some jazz", "what is the weather like"]
@@ -585,7 +585,7 @@ def test_outside_a_project_the_command_says_so(tmp_path, command):
 def test_promotion_without_room_for_the_copy_is_refused_cleanly(project):
     # If the copy cannot be written (a full disk; here a file where the folder should be),
     # promote refuses before anything is committed, with a one-paragraph reason.
-    from reprogate.promote import keep_promoted
+    from reprogate.promote.promotion import keep_promoted
 
     blocker = project / "models" / ".promoted"
     blocker.write_text("not a folder")
@@ -637,10 +637,10 @@ def _frozen(**changes) -> dict:
 
 
 def test_an_ensemble_with_a_neighbour_vote_answers_as_it_was_evaluated(tmp_path):
-    from reprogate.jsonl import read_jsonl
-    from reprogate.model_folder import Scorer
     from reprogate.models.ensemble import MEMORY
     from reprogate.specs import ModelSpec, load_spec
+    from reprogate.train.folder import Scorer
+    from reprogate.utils.jsonl import read_jsonl
     from tests.conftest import run_cli
 
     root = make_home_project(tmp_path)
@@ -698,8 +698,8 @@ def test_a_model_trained_on_a_device_this_host_lacks_is_rescored_where_the_user_
     # change: calibrate refuses and says how to score it here without retraining it; with
     # REPROGATE_SCORE_DEVICE=cpu it runs on the CPU, answers as the same weights do, and
     # eval.json says where it was scored.
-    from reprogate.runtime import SCORE_DEVICE_ENV
-    from reprogate.stages import evaluate
+    from reprogate.pipeline.stages import evaluate
+    from reprogate.runtime.device import SCORE_DEVICE_ENV
 
     if torch.backends.mps.is_available():
         pytest.skip("this host has MPS")

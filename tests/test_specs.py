@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from reprogate.errors import UserError
 from reprogate.specs import SPEC_KINDS, DataSpec, ModelSpec, json_schemas, load_spec
+from reprogate.utils.errors import UserError
 from tests.conftest import REPO, run_cli
 
 EXAMPLES = REPO / "tests" / "specs_examples"

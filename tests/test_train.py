@@ -12,10 +12,12 @@ import torch
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from reprogate import checkpoint, runlog, training
-from reprogate.errors import UserError
-from reprogate.stages import resume_check, train
-from reprogate.trainer import EpochSampler
+from reprogate.pipeline.stages import resume_check, train
+from reprogate.records import runlog
+from reprogate.train import checkpoint
+from reprogate.train import run as training
+from reprogate.train.trainer import EpochSampler
+from reprogate.utils.errors import UserError
 from tests.conftest import TINY_NGRAM, make_home_project, run_cli, write_model_spec
 
 # TINY_NGRAM on the home fixture: 6 updates per epoch (11 micro-batches of 8, 2 per update),
@@ -195,7 +197,7 @@ def test_missing_device_is_a_clear_error(project):
 
 def test_validate_checks_an_epoch_runs_checkpoint_interval_against_the_prepared_data(project):
     from reprogate.specs import ModelSpec, load_spec
-    from reprogate.trainer import total_steps
+    from reprogate.train.trainer import total_steps
 
     base = {k: v for k, v in TINY_NGRAM.items() if k != "steps"} | {"epochs": 2}
     path = write_model_spec(project, "by_epochs", base | {"checkpoint": {"every_steps": 1000}})
@@ -348,7 +350,7 @@ def test_encoder_resumes_bitwise_identically(project, mode, pooling):
 
 def test_frozen_features_are_computed_once(project, monkeypatch):
     from reprogate.models.encoder import EmbeddingFeaturizer
-    from reprogate.stages import features
+    from reprogate.pipeline.stages import features
 
     write_model_spec(project, "enc_cached", _encoder_spec("frozen"))
     summary = features.featurize(project, "enc_cached")
@@ -457,7 +459,7 @@ def test_two_processes_killed_together_resume_bitwise_identically(project, two_r
 
 
 def test_a_checkpoint_of_two_processes_is_not_resumed_by_one(project, two_ranks):
-    from reprogate.training import Paths, Setup
+    from reprogate.train.run import Paths, Setup
 
     setup = Setup(project, Paths.for_model(project, "tiny"))
     trainer = setup.trainer()
@@ -505,9 +507,9 @@ def test_resume_check_stage_kills_one_rank_and_the_agent_restarts_it(project, tw
 def test_a_frozen_model_stores_its_head_and_refuses_a_changed_encoder(project):
     from safetensors import safe_open
 
-    from reprogate.model_folder import Scorer
     from reprogate.models.encoder import encoder_sha256
     from reprogate.specs import resolve_encoder_path
+    from reprogate.train.folder import Scorer
 
     # A local copy of the encoder, so one of its files can change the way a package upgrade would.
     folder = project / "encoders" / "mini"

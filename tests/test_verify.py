@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reprogate.errors import UserError
-from reprogate.verify import compare, verify
+from reprogate.pipeline.verify import compare, verify
+from reprogate.utils.errors import UserError
 from tests.conftest import git_cmd
 
 
@@ -80,8 +80,8 @@ def test_a_bad_revision_or_folder_is_one_paragraph(repo, tmp_path):
 
 
 def test_the_pr_report_says_whether_the_base_reproduced(repo, tmp_path):
-    from reprogate.report import reproduced
-    from reprogate.report_markdown import _reproduced
+    from reprogate.report.build import reproduced
+    from reprogate.report.markdown import _reproduced
 
     moved = {"acc": 0.9, "sets": {"test": {"ece": 0.0125 + 3e-8}}, "n": 3}
     d = _rebuilt(tmp_path, {"metrics/eval.json": "zzz", "models/m": "bbb.dir"}, moved)

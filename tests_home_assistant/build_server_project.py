@@ -14,9 +14,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from reprogate import training  # noqa: E402
-from reprogate.model_folder import model_version  # noqa: E402
-from reprogate.stages import calibrate, train  # noqa: E402
+from reprogate.pipeline.stages import calibrate, train  # noqa: E402
+from reprogate.train import run as training  # noqa: E402
+from reprogate.train.folder import model_version  # noqa: E402
 from tests.conftest import TINY_NGRAM, make_home_project, write_model_spec  # noqa: E402
 
 SPECS = {

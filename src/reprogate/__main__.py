@@ -11,16 +11,16 @@ from pathlib import Path
 
 
 def main() -> int:
-    from reprogate.errors import UserError
-    from reprogate.numerics import pin
+    from reprogate.runtime.numerics import pin
     from reprogate.specs.loader import find_root
+    from reprogate.utils.errors import UserError
 
     try:
         pin(find_root(Path.cwd()))
     except UserError as e:
         print(f"reprogate: {e}", file=sys.stderr)
         return 2
-    from reprogate.cli import main as cli
+    from reprogate.cli.main import main as cli
 
     return cli()
 

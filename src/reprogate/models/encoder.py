@@ -24,10 +24,10 @@ from torch import nn
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from reprogate.errors import UserError
-from reprogate.hashing import sha256_file
 from reprogate.models.base import ragged_to_tensors, tensors_to_ragged
 from reprogate.specs import ModelSpec, resolve_encoder_path
+from reprogate.utils.errors import UserError
+from reprogate.utils.hashing import sha256_file
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tensor:

@@ -21,10 +21,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from reprogate import paths
-from reprogate.hashing import sha256_file
 from reprogate.models.base import Featurizer
 from reprogate.specs import ModelSpec, NeighboursConfig
+from reprogate.utils import paths
+from reprogate.utils.hashing import sha256_file
 
 MEMORY = Path("assets") / "neighbours.safetensors"
 # A label no neighbour votes for keeps this much probability, so its log stays finite.

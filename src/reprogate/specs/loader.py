@@ -17,8 +17,6 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
-from reprogate import paths
-from reprogate.errors import UserError, format_validation_error
 from reprogate.specs.base import Strict
 from reprogate.specs.data import DataSpec, LocalSource
 from reprogate.specs.gate import GateSpec
@@ -28,6 +26,8 @@ from reprogate.specs.params import Numerics, Params
 from reprogate.specs.reading import read_yaml
 from reprogate.specs.roots import allowed_roots, confine
 from reprogate.specs.text import TextSpec
+from reprogate.utils import paths
+from reprogate.utils.errors import UserError, format_validation_error
 
 T = TypeVar("T", bound=Strict)
 

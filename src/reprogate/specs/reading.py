@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from reprogate.errors import UserError
+from reprogate.utils.errors import UserError
 
 MAX_BYTES = 1 << 20
 # How many nodes aliases may add in one file. Anchors that reuse a block or two stay far below;

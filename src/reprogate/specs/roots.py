@@ -12,10 +12,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from reprogate import paths
-from reprogate.errors import UserError
 from reprogate.specs.base import FOLDERS
 from reprogate.specs.reading import read_yaml
+from reprogate.utils import paths
+from reprogate.utils.errors import UserError
 
 
 def _folders(root: Path, field: str) -> list[Path]:

@@ -1,0 +1,105 @@
+"""The commands of `reprogate` that measure and generate: `plan` (every trained family; --write
+for a language model's time budget) and `generate` (the production language model)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from reprogate.runtime.device import DEVICES
+from reprogate.specs import find_root
+from reprogate.utils.errors import UserError
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from reprogate.specs import ModelSpec, load_spec
+    from reprogate.train.plan import measure
+    from reprogate.train.run import Paths, Setup
+
+    root = find_root(Path.cwd())
+    spec = Path(args.spec)
+    if not spec.exists() and (root / "specs" / "models" / f"{args.spec}.yaml").is_file():
+        spec = root / "specs" / "models" / f"{args.spec}.yaml"  # a model name, as the stages take
+    spec_obj = load_spec(spec, ModelSpec)
+    if spec_obj.ensemble is not None:
+        raise UserError(
+            f"{spec}: an ensemble is not trained (combine@{spec.stem} fits its member weights in "
+            f"seconds); plan its members instead: {', '.join(spec_obj.ensemble.members)}."
+        )
+    if spec_obj.family == "causal_lm" and args.write:
+        from reprogate.lm.plan import write_plan
+
+        print(write_plan(root, spec.resolve()))
+        return 0
+    if args.write:
+        raise UserError(
+            f"{spec}: --write fixes the updates of a language model's budget.train_minutes; a "
+            f"{spec_obj.family} run's length is its steps or epochs. Plan without --write."
+        )
+    if spec_obj.family == "causal_lm":
+        from reprogate.lm.training import LmSetup
+
+        setup = LmSetup(root, Paths.for_model(root, spec.stem, spec), planning=True)
+    else:
+        setup = Setup(root, Paths.for_model(root, spec.stem, spec))
+    line = measure(setup).line()
+    if setup.spec.processes > 1:  # what `stage train` measures in all its ranks before it starts
+        line += (
+            f"; measured in this one process, for {setup.spec.processes} processes each taking "
+            f"1/{setup.spec.processes} of every epoch (gradient exchange not included)"
+        )
+    print(line)
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from reprogate.predict.lm import load_generator
+
+    root = find_root(Path.cwd())
+    if not (root / "params.yaml").is_file() and not args.model:
+        raise UserError(
+            f"{Path.cwd()}: not inside a reprogate project (no params.yaml here or above); run it in "
+            "the language-model project (lm/), or give --model models/NAME."
+        )
+    loaded = load_generator(root, Path(args.model) if args.model else None, args.device)
+    out = loaded.generate(args.prompt, args.max_tokens, args.seed, args.temperature, args.top_k)
+    print(out["prompt"] + out["text"])
+    print(
+        f"generate: {out['tokens']} tokens from {out['model_version']} (seed {out['seed']}, temperature "
+        f"{out['temperature']:g}) in {out['latency_ms'] / 1000:.2f} s",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _number(kind):
+    def parse(value: str):
+        try:
+            return kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a {kind.__name__}") from None
+
+    return parse
+
+
+def add_parsers(sub, positive, device_help: str) -> None:
+    pl = sub.add_parser("plan", help="measure a few real steps and project time and memory")
+    pl.add_argument("spec", help="a model spec file, or the name of one under specs/models/")
+    pl.add_argument(
+        "--write",
+        action="store_true",
+        help="language models: measure, and fix budget.train_minutes as a number of updates in "
+        "specs/models/<m>.plan.yaml (commit it)",
+    )
+    pl.set_defaults(func=_plan)
+
+    ge = sub.add_parser("generate", help="continue a prompt with the production language model (in lm/)")
+    ge.add_argument("prompt")
+    ge.add_argument("--max-tokens", type=positive, default=200, help="new tokens, at most 2000")
+    ge.add_argument("--seed", type=_number(int), default=0)
+    ge.add_argument("--temperature", type=_number(float), default=0.8)
+    ge.add_argument("--top-k", type=positive, default=None)
+    ge.add_argument("--model", help="this language-model folder instead of production")
+    ge.add_argument("--device", choices=DEVICES, default="auto", help=device_help)
+    ge.set_defaults(func=_generate)

@@ -1,0 +1,1 @@
+"""The language model's tokenizer, training setup, plan and scoring."""

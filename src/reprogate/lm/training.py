@@ -1,0 +1,185 @@
+"""A language model's run: its tokens, its length (steps, epochs, or the committed plan), its
+fingerprint, a seeded trainer, validation points while it trains, and its model folder.
+
+The same Trainer, checkpoints, budget watchdog and resume_check as a classifier's (training.py
+builds those); only the objective (objectives.NextToken) and the data differ.
+
+models/<m>/ of a language model: model.safetensors, config.json (records.ModelConfig, family
+causal_lm, n_out = the vocabulary size), fingerprint.json, assets/tokenizer.json.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import time
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+from reprogate.lm import scoring as lm_eval
+from reprogate.lm import tokenizer as lm_tokenizer
+from reprogate.models.causal_lm import CausalLm
+from reprogate.records import Fingerprint, ModelConfig, load
+from reprogate.records.lm import TokenRecord
+from reprogate.runtime.device import configure_mps_env, environment, seed_everything, select_device
+from reprogate.specs import ModelSpec, PlanSpec, load_spec, speed_fields, training_hash
+from reprogate.train.folder import clear, write_folder
+from reprogate.train.objectives import NextToken
+from reprogate.train.run import Paths, check_world, code_hash, rank_device
+from reprogate.train.trainer import Trainer, total_steps
+from reprogate.utils import paths as project
+from reprogate.utils.errors import UserError
+from reprogate.utils.hashing import sha256_file
+
+# A stand-in length while measuring: long enough that warm-up never ends, and an update costs
+# the same whatever its learning rate.
+PLANNING_STEPS = 1_000_000
+LM_FILES = ("model.safetensors", "config.json", "fingerprint.json", "assets")
+
+
+def speed_key(spec: ModelSpec) -> str:
+    return hashlib.sha256(repr(sorted(speed_fields(spec).items())).encode()).hexdigest()
+
+
+def planned_steps(root: Path, name: str, spec: ModelSpec, spec_path: Path) -> PlanSpec:
+    """The committed plan of a budget.train_minutes spec, checked against the spec."""
+    path = root / project.plan_file(name)
+    shown = spec_path.relative_to(root) if spec_path.is_relative_to(root) else spec_path
+    fix = f"run `reprogate plan {shown} --write` and commit {project.plan_file(name)}"
+    if not path.is_file():
+        raise UserError(
+            f"{spec_path}: budget.train_minutes is {spec.budget.train_minutes:g}, which needs a measured "
+            f"number of updates in {path}, and there is none: {fix} (it measures this machine once; "
+            "training never measures by itself, so every rerun trains the same steps)."
+        )
+    plan = load_spec(path, PlanSpec)
+    stale = []
+    if plan.model != name:
+        stale.append(f"it is for model '{plan.model}'")
+    if plan.train_minutes != spec.budget.train_minutes:
+        said = f"{spec.budget.train_minutes:g}"
+        stale.append(f"it was measured for {plan.train_minutes:g} minutes, the spec says {said}")
+    if plan.speed_key != speed_key(spec):
+        stale.append("the model shape, batch, device, precision, threads or processes changed since")
+    if stale:
+        raise UserError(f"{path} is stale: {'; '.join(stale)}. To measure again on purpose, {fix}.")
+    return plan
+
+
+def read_tokens(root: Path, name: str, spec: ModelSpec, spec_path: Path) -> tuple[TokenRecord, Path]:
+    folder = root / project.tokens_dir(name)
+    fix = f"run `dvc repro tokenize@{name}` (or `reprogate stage tokenize {name}`)"
+    if not (folder / "manifest.json").is_file():
+        raise UserError(f"{spec_path}: no tokens in {folder}: {fix} first.")
+    record = load(folder / "manifest.json", TokenRecord, f"{fix}.")
+    if record.tokenizer != spec.causal_lm.tokenizer.model_dump(mode="json"):
+        raise UserError(
+            f"{folder} was tokenized with {record.tokenizer}, but {spec_path} asks for "
+            f"{spec.causal_lm.tokenizer.model_dump(mode='json')}: {fix}."
+        )
+    return record, folder
+
+
+class LmSetup:
+    """Everything needed to build a fresh, seeded language-model trainer (possibly more than once)."""
+
+    def __init__(self, root: Path, paths: Paths, planning: bool = False):
+        """`planning`: for `reprogate plan`, which measures updates before a plan exists."""
+        self.root, self.paths = root, paths
+        self.spec = spec = load_spec(paths.spec, ModelSpec)
+        configure_mps_env(spec)
+        self.device = select_device(spec, paths.spec)
+        if spec.processes > 1:
+            self.device = rank_device(self.device, spec, paths.spec)
+        t0 = time.perf_counter()
+        self.tokens, folder = read_tokens(root, paths.name, spec, paths.spec)
+        self.tokenizer_path = folder / "tokenizer.json"
+        self.train_ids = load_file(str(folder / "train.safetensors"))["ids"]
+        self.validation_ids = load_file(str(folder / "validation.safetensors"))["ids"]
+        self.encode_s = time.perf_counter() - t0
+        self.plan = None
+        if planning and spec.budget.train_minutes is not None:
+            steps = PLANNING_STEPS
+        elif spec.budget.train_minutes is not None:
+            self.plan = planned_steps(root, paths.name, spec, paths.spec)
+            steps = self.plan.steps
+        else:
+            steps = total_steps(spec, len(self.train_ids) - spec.causal_lm.context)
+        self.total_steps = steps
+        self.feats = range(len(self.train_ids) - spec.causal_lm.context)  # windows, for the record
+        # A planned length is what was trained: another plan is another run.
+        trained = spec.model_copy(update={"steps": steps})
+        self.fingerprint = {
+            "spec_hash": training_hash(trained),
+            "data_hash": sha256_file(folder / "manifest.json"),
+            "labels_hash": self.tokens.tokenizer_sha256,
+            "code_hash": code_hash(),
+            "environment": environment(self.device),
+        }
+
+    def check_world(self, world: int) -> None:
+        check_world(self.paths, self.spec, world)
+
+    def model(self) -> CausalLm:
+        seed_everything(self.spec.seed, self.spec.threads, self.device)
+        return CausalLm(self.spec.causal_lm, self.tokens.vocab_size)
+
+    def trainer(self) -> Trainer:
+        model = self.model()
+        objective = NextToken(self.train_ids, self.spec.causal_lm.context, self.device)
+        return Trainer(self.spec, model, objective, self.device, self.total_steps)
+
+    def tokens_per_update(self) -> int:
+        s = self.spec
+        return s.micro_batch * s.grad_accum * s.processes * s.causal_lm.context
+
+    def eval_steps(self) -> set[int]:
+        k = self.spec.causal_lm.eval_points
+        return {max(1, round(self.total_steps * i / k)) for i in range(1, k + 1)}
+
+
+class ValidationPoints:
+    """Trainer callback: the whole validation split scored at evenly spaced updates (rank 0),
+    kept in the trainer's progress, so it is in every checkpoint and a resumed run's curve is
+    the uninterrupted one's. Scoring uses no random numbers, so training's draws are untouched."""
+
+    def __init__(self, setup: LmSetup):
+        self.setup, self.steps = setup, setup.eval_steps()
+        self.seconds = 0.0  # scoring, not training: left out of the run's tokens/s
+
+    def on_update(self, trainer: Trainer) -> None:
+        step = trainer.progress.global_step
+        if trainer.rank != 0 or step not in self.steps:
+            return
+        s, t0 = self.setup, time.perf_counter()
+        scored = lm_eval.score(trainer.model, s.validation_ids, s.spec.causal_lm.context, s.device)
+        self.seconds += time.perf_counter() - t0
+        trainer.progress.evals.append(
+            {"step": step, "tokens": step * s.tokens_per_update(), "nats_per_token": scored.nats_per_token}
+        )
+
+
+def export_lm(out: Path, setup: LmSetup, model: CausalLm, fingerprint: Fingerprint) -> None:
+    assets = clear(out)
+    shutil.copyfile(setup.tokenizer_path, assets / "tokenizer.json")
+    config = ModelConfig(
+        family="causal_lm",
+        n_out=setup.tokens.vocab_size,
+        featurizer=setup.tokens.model_dump(mode="json"),
+        spec=setup.spec.model_dump(mode="json"),
+    )
+    write_folder(out, model, config, None, fingerprint)
+
+
+def load_lm(model_dir: Path, device) -> tuple[CausalLm, lm_tokenizer.LmTokenizer, ModelConfig]:
+    """A language model folder as evaluate, generate and serve load it."""
+    fix = "`dvc repro` rebuilds it (train@<m>), or `dvc checkout` restores it."
+    config = load(model_dir / "config.json", ModelConfig, fix)
+    if config.family != "causal_lm":
+        raise UserError(f"{model_dir} holds a {config.family} model, not a language model.")
+    spec = ModelSpec.model_validate(config.spec)
+    model = CausalLm(spec.causal_lm, config.n_out)
+    model.load_state_dict(load_file(str(model_dir / "model.safetensors")))
+    model.to(device).eval()
+    return model, lm_tokenizer.load(model_dir / "assets" / "tokenizer.json"), config

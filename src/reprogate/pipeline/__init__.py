@@ -1,0 +1,1 @@
+"""The DVC pipeline: the stage context, the stage registry and stages, compile, verify, remote."""

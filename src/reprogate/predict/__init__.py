@@ -1,0 +1,1 @@
+"""Loading what was gated: calibration, the production record, shipped files."""

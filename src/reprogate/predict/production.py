@@ -1,0 +1,224 @@
+"""The production model: the record promote commits, the files it pins, and a servable model.
+
+`reprogate predict` and `reprogate serve` answer with the record HEAD holds (in a git
+repository; a deployed copy without git has only its file) and refuse a working-tree record
+that differs from it: that is a promotion not yet committed, or a hand edit, and answering with
+it would serve a model no commit names. They answer only with the files the record pins: the
+copy promote kept under models/.promoted/<version>/, or the workspace's models/ when it still
+holds exactly those files (after a retrain it holds a candidate, which must not answer under
+production's version).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reprogate.predict import shipped
+from reprogate.predict.calibration import Policy, prediction, probabilities
+from reprogate.records import RESTORE_PRODUCTION, Fingerprint, ProductionRecord, Promoted, load, validated
+from reprogate.train.folder import Scorer, model_version
+from reprogate.utils import git, paths
+from reprogate.utils.atomic import replace_dir
+from reprogate.utils.errors import UserError
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """One servable model: never mutated, so a request can keep using it after a swap."""
+
+    name: str
+    version: str
+    scorer: Scorer
+    policy: Policy
+    record: ProductionRecord | None
+    source_sha256: str | None
+
+    def predict(self, texts: list[str]) -> list[dict[str, Any]]:
+        start = time.perf_counter()
+        probs = probabilities(self.scorer.text_logits(texts), self.policy.temperature)
+        ms = round((time.perf_counter() - start) * 1000, 3)
+        return [
+            {
+                "text": t,
+                **prediction(p, self.scorer.labels, self.policy, self.scorer.oos_index),
+                "model_version": self.version,
+                "latency_ms": ms,
+            }
+            for t, p in zip(texts, probs, strict=True)
+        ]
+
+
+# Said wherever the record is refused as it stands.
+RESTORE = f"{RESTORE_PRODUCTION[0].upper()}{RESTORE_PRODUCTION[1:]}"
+
+
+@dataclass(frozen=True)
+class Sources:
+    """models/production.json as the working tree and, in a git repository, HEAD hold it; read
+    once, so the identity a server watches and the record it loads are the same bytes."""
+
+    here: bytes | None
+    head: bytes | None
+    git_dir: Path | None
+
+    @classmethod
+    def read(cls, root: Path) -> Sources:
+        path = root / paths.PRODUCTION
+        here = path.read_bytes() if path.is_file() else None
+        git_dir = git.git_dir(root)
+        return cls(here, git.committed(root, paths.PRODUCTION) if git_dir else None, git_dir)
+
+    def identity(self) -> str | None:
+        """Changes with a promotion, a revert or an edit; None when there is no record at all."""
+        parts = [self.here] + ([self.head] if self.git_dir else [])
+        if all(p is None for p in parts):
+            return None
+        return hashlib.sha256(json.dumps([p.hex() if p else None for p in parts]).encode()).hexdigest()
+
+    def committed(self, root: Path) -> bytes:
+        """The record HEAD holds, which must be what the working tree holds."""
+        if self.git_dir is None or self.head == self.here:  # a deployed copy has only its file
+            return self.here if self.here is not None else b"{}"  # none at all: nothing promoted
+        path = root / paths.PRODUCTION
+        if (self.git_dir / git.PROMOTION_JOURNAL).is_file():
+            raise UserError(
+                f"{path}: a promotion was interrupted before it was committed and tagged; production "
+                "answers only with a committed record: run `reprogate promote` to finish it."
+            )
+        here, head = self.here, self.head
+        state = (
+            "is missing" if here is None else "is not committed" if head is None else "differs from HEAD's"
+        )
+        raise UserError(
+            f"{path} {state}: production answers only with the record HEAD holds, so nothing answers "
+            f"with a model no commit names. {RESTORE}; a revert or a merge of it is committed like "
+            "any change."
+        )
+
+
+def production_sha256(root: Path) -> str | None:
+    """Identity of the production record now (see Sources)."""
+    return Sources.read(root).identity()
+
+
+def _mismatch(record: Promoted, model_dir: Path, since: str) -> str | None:
+    """Why `model_dir` is not the promoted model, or None. Compared: the version (weights, and
+    an ensemble's members) and the calibrated policy, not files such as the fingerprint that
+    change with unrelated code."""
+    calibrated = record.family != "causal_lm"  # a language model has no routing policy
+    if not (model_dir / "model.safetensors").is_file() or (
+        calibrated and not (model_dir / "calibration.json").is_file()
+    ):
+        return f"{model_dir} is not built"
+    if (now := model_version(model_dir)) != record.model_version:
+        return f"{model_dir} holds {now}, {since}"
+    pinned = record.calibration
+    if pinned and Policy.load(model_dir / "calibration.json") != Policy(
+        pinned.temperature, pinned.threshold, pinned.margin
+    ):
+        return f"{model_dir}/calibration.json was refitted, {since}"
+    return None
+
+
+def production_files(root: Path, record: Promoted) -> tuple[Path, Path]:
+    """(model folder, members folder) of the promoted model: the kept copy if there is one, else
+    the workspace's models/ if it still holds exactly the promoted files, else a kept copy
+    restored from the files shipped with the project (models/shipped)."""
+    version, name = record.model_version, record.model
+    kept = root / paths.PROMOTED / version
+    if not (kept / name).is_dir():
+        why = _mismatch(record, root / paths.model_dir(name), "retrained since")
+        if why is None:
+            return root / paths.model_dir(name), root / paths.MODELS
+        _restore_shipped(root, record, kept, why)
+    if why := _mismatch(record, kept / name, "changed after the promotion"):
+        raise UserError(
+            f"{root / paths.PRODUCTION} pins {version}, but its kept copy {why}. Delete {kept} to "
+            f"fall back to the workspace's models/{name}, or promote again after a passing gate."
+        )
+    return kept / name, kept
+
+
+def _restore_shipped(root: Path, record: Promoted, kept: Path, why: str) -> None:
+    """The kept copy, from the shipped remote at the promotion's commit; or the paragraph with
+    the two ways a clone gets the promoted files."""
+    name, version, commit = record.model, record.model_version, record.code_commit
+    try:
+        if not (root / paths.SHIPPED).is_dir() or not commit:
+            raise LookupError(
+                f"this checkout has no {paths.SHIPPED}/" if commit else "the record names no commit"
+            )
+        with replace_dir(kept) as tmp:
+            shipped.restore(root, commit, name, tmp / name)
+            members = load(tmp / name / "fingerprint.json", Fingerprint, "restored from models/shipped")
+            for member in members.members or {}:
+                shipped.restore(root, commit, member, tmp / member)
+            if wrong := _mismatch(record, tmp / name, "not the promoted files"):
+                raise LookupError(wrong)
+    except (LookupError, OSError, UserError) as e:
+        raise UserError(
+            f"{root / paths.PRODUCTION} pins {version}, but {why}, there is no copy in "
+            f"{paths.PROMOTED / version} (promote keeps one), and the files shipped with the project do "
+            f"not have it ({e}). Either rebuild the promotion's commit bitwise (`git checkout "
+            f"{(commit or 'COMMIT')[:12]} && make repro`; a commit made under the numeric pin rebuilds on "
+            f"any CPU that meets it), or get the files from whoever promoted it (`reprogate promote` "
+            f"ships them in {paths.SHIPPED}; commit and push that folder). To serve the workspace's "
+            f"model instead: --model models/{name}."
+        ) from None
+
+
+def read_promoted(root: Path, sources: Sources) -> Promoted:
+    """The committed production record with a model in it, or one paragraph saying what is wrong."""
+    path = root / paths.PRODUCTION
+    try:
+        raw = json.loads(sources.committed(root).decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} is not valid JSON ({e}); {RESTORE_PRODUCTION}") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path} is not a production record; {RESTORE_PRODUCTION}")
+    if not raw.get("model"):
+        raise UserError(
+            f"{path}: no model in production yet; run `reprogate promote` after a "
+            "passing gate, or pass --model models/NAME."
+        )
+    return validated(raw, Promoted, str(path), f"it is not the record `reprogate promote` wrote. {RESTORE}.")
+
+
+def load_servable(root: Path, model_dir: Path | None = None, device: str = "auto") -> Loaded:
+    """The production model (or `model_dir`) with its calibration, loaded on `device` and
+    warmed up. Used by `reprogate predict` and `reprogate serve`."""
+    record: Promoted | None = None
+    source = None
+    if model_dir is None:
+        sources = Sources.read(root)
+        source = sources.identity()
+        record = read_promoted(root, sources)
+        model_dir, members_dir = production_files(root, record)
+    else:
+        members_dir = model_dir.parent
+        if not (model_dir / "config.json").is_file():
+            near = {str(c.parent) for d in (model_dir, model_dir.parent) for c in d.glob("*/config.json")}
+            raise UserError(
+                f"--model {model_dir}: no trained model in that folder; give one of "
+                f"{', '.join(sorted(near)) or 'the model folders `dvc repro` writes under models/'}."
+            )
+    if not (model_dir / "calibration.json").is_file():
+        raise UserError(
+            f"{model_dir}: no calibration.json; run `dvc repro calibrate@{model_dir.name}` first."
+        )
+    scorer = Scorer(root, model_dir.name, model_dir, device=device, members_dir=members_dir)
+    loaded = Loaded(
+        name=model_dir.name,
+        version=record.model_version if record else model_version(model_dir),
+        scorer=scorer,
+        policy=Policy.load(model_dir / "calibration.json"),
+        record=record,
+        source_sha256=source,
+    )
+    loaded.predict(["warm up"])  # first-call costs (allocations, lazy imports) happen here
+    return loaded

@@ -1,0 +1,150 @@
+"""The commit half of `reprogate promote`: finished by the next run after a kill at any step.
+
+The steps, each safe to repeat, and what the next run does after a kill there:
+1. the journal (<git dir>/reprogate/promotion.json, written whole) holds the record, commit
+   message and tag of a promotion whose checks passed at commit `base`;
+2. models/production.json is written whole (a temporary file, fsync, rename);
+3. `git add`, `git commit -- models/production.json models/shipped` (the files promote shipped
+   with the project, when it declares that remote);
+4. `git tag -a <artifact>#prod#<n>`;
+5. the journal is removed.
+A journal found at start is finished from what git shows: HEAD still at `base` means steps 2-3
+again; HEAD at the promotion commit means 4 again. Nothing else is guessed. `predict` and
+`serve` answer with the record HEAD holds and refuse a working-tree record that differs, so
+between 2 and 3 they say a promotion is unfinished rather than answer with an uncommitted model.
+Only one promote runs at a time (an flock in the git folder, released by the kernel on death).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from reprogate.records import PromotionJournal, dumps, parse
+from reprogate.utils import atomic, git
+from reprogate.utils.errors import UserError
+from reprogate.utils.paths import PRODUCTION, SHIPPED
+from reprogate.utils.pause import pause_if
+
+
+@contextmanager
+def exclusive(root: Path, git_dir: Path) -> Iterator[None]:
+    path = git_dir / git.PROMOTE_LOCK
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise UserError(
+                f"another `reprogate promote` is running in {root} (pid {pid}); wait for it to end, "
+                "then run promote again."
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def pending(git_dir: Path) -> PromotionJournal | None:
+    """The promotion a killed promote began, if any. The journal is written whole or not at all;
+    one that does not read (edited by hand) is dropped, and the checks run again."""
+    path = git_dir / git.PROMOTION_JOURNAL
+    journal, why = parse(path, PromotionJournal)
+    if why:
+        path.unlink(missing_ok=True)
+    return journal
+
+
+def begin(git_dir: Path, journal: PromotionJournal) -> None:
+    atomic.write_file(git_dir / git.PROMOTION_JOURNAL, dumps(journal).encode())
+    pause_if("promote:journal")
+
+
+def _drop(git_dir: Path) -> None:
+    (git_dir / git.PROMOTION_JOURNAL).unlink(missing_ok=True)
+
+
+def _is_the_commit(root: Path, commit: str, j: PromotionJournal) -> bool:
+    parent = git.run(root, "rev-parse", "-q", "--verify", f"{commit}^", check=False)
+    return parent == j.base and git.committed(root, PRODUCTION, commit) == j.record.encode()
+
+
+def _commit(root: Path, git_dir: Path, j: PromotionJournal) -> None:
+    """Steps 2 and 3; a commit git refuses (a hook, no identity) puts everything back."""
+    path = root / PRODUCTION
+    atomic.write_file(path, j.record.encode(), hook=lambda phase: pause_if(f"promote:record:{phase}"))
+    pause_if("promote:written")
+    committed = _committed_paths(root)
+    git.run(root, "add", "--", *committed)
+    proc = git.completed(root, "commit", "-q", "-F", "-", "--", *committed, stdin=j.message)
+    if proc.returncode == 0:
+        return
+    # Back to HEAD's record, in the index too: `add` above staged the new one. The files shipped
+    # for it leave the index and the disk (the next promote ships them again).
+    if len(committed) > 1:
+        git.run(root, "reset", "-q", "--", str(SHIPPED), check=False)
+        git.run(root, "clean", "-q", "-f", "-d", "--", str(SHIPPED), check=False)
+    if git.committed(root, PRODUCTION) is not None:
+        git.run(root, "checkout", "HEAD", "--", str(PRODUCTION), check=False)
+    else:
+        git.run(root, "rm", "-q", "--cached", "--", str(PRODUCTION), check=False)
+        path.unlink(missing_ok=True)
+    _drop(git_dir)
+    said = proc.stderr.strip() or proc.stdout.strip() or f"exit {proc.returncode}"
+    raise UserError(
+        f"promotion refused: git commit failed ({said}); production is unchanged. Git needs "
+        "user.name and user.email, and every commit hook must pass; fix that and promote again."
+    )
+
+
+def _committed_paths(root: Path) -> list[str]:
+    """The record, and the shipped files when the project keeps them (shipped.py)."""
+    return [str(PRODUCTION)] + ([str(SHIPPED)] if (root / SHIPPED).is_dir() else [])
+
+
+def _abandon(root: Path, git_dir: Path, j: PromotionJournal, head: str | None) -> UserError:
+    """The branch moved on since the killed promote began: its promotion can no longer be made
+    as checked. Its record leaves the working tree; the user promotes afresh."""
+    path = root / PRODUCTION
+    if path.is_file() and path.read_bytes() == j.record.encode():
+        git.run(root, "checkout", "HEAD", "--", str(PRODUCTION), check=False)
+    _drop(git_dir)
+    return UserError(
+        f"a promotion of {j.model_version} was interrupted at commit {j.base[:12]}, and the branch "
+        f"has moved on since (HEAD is {(head or 'none')[:12]}), so it was dropped, not finished; "
+        "run `reprogate promote` again to promote what the gate chooses now."
+    )
+
+
+def finish(root: Path, git_dir: Path, j: PromotionJournal) -> str:
+    """Steps 2-5 of journal `j`, skipping what is already done; the promotion commit."""
+    head = git.head(root)
+    if head == j.base:
+        _commit(root, git_dir, j)
+        head = git.head(root)
+        pause_if("promote:committed")
+    elif head is None or not _is_the_commit(root, head, j):
+        raise _abandon(root, git_dir, j, head)
+    # The commit exists: the working tree and the index follow it (a kill inside `git commit`
+    # can leave either behind).
+    path = root / PRODUCTION
+    if not path.is_file() or path.read_bytes() != j.record.encode():
+        atomic.write_file(path, j.record.encode())
+    git.run(root, "add", "--", str(PRODUCTION))
+    tagged = git.run(root, "rev-parse", "-q", "--verify", f"refs/tags/{j.tag}^{{commit}}", check=False)
+    if not tagged:
+        git.run(root, "tag", "-a", j.tag, "-m", j.message, head)
+    elif tagged != head:
+        raise UserError(
+            f"tag {j.tag} already names commit {tagged[:12]}, not the promotion commit {head[:12]}; "
+            f"delete the stray tag (`git tag -d '{j.tag}'`) and run promote again."
+        )
+    pause_if("promote:tagged")
+    _drop(git_dir)
+    return head

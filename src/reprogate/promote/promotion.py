@@ -1,0 +1,377 @@
+"""`reprogate promote`: the only way production changes, as a git commit a reviewer can read.
+
+Refuses unless results/gate.json chose a candidate, the workspace has no uncommitted change,
+and `dvc status` shows every output up to date (so the gate's evidence belongs to this
+commit). Then keeps a copy of the model's files in models/.promoted/<version>/ (git-ignored),
+writes models/production.json, commits it with every gate rule and value in the message, and
+adds an annotated tag in GTO's format `<artifact>#prod#<n>`.
+`git log -- models/production.json` is the promotion history; reverting a promotion commit
+is a rollback.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from reprogate.predict import shipped
+from reprogate.promote import commit as promote_commit
+from reprogate.records import (
+    RESTORE_PRODUCTION,
+    DataRecord,
+    Decision,
+    Evaluation,
+    Fingerprint,
+    ModelConfig,
+    Promoted,
+    PromotionJournal,
+    dumps,
+    load,
+    parse,
+)
+from reprogate.records.lm import CorpusRecord
+from reprogate.specs import load_params, load_spec, spec_hash
+from reprogate.train.folder import model_version, read_calibration
+from reprogate.utils import dvc_cli, git, locks, paths
+from reprogate.utils.atomic import replace_dir
+from reprogate.utils.errors import UserError, read_json
+from reprogate.utils.hashing import sha256_file
+from reprogate.utils.paths import PRODUCTION, PROMOTED
+from reprogate.utils.pause import pause_if
+
+STAGE = "prod"
+# What every file promote reads comes from: the pipeline's outputs.
+RERUN = "run `dvc repro` (and `dvc checkout` for a damaged DVC output), commit, and promote again."
+
+
+def _subject(name: str, version: str) -> str:
+    """A promotion commit's subject line; `is_promotion` recognises it."""
+    return f"promote {name} ({version}) to production"
+
+
+def is_promotion(subject: str, name: str | None = None) -> bool:
+    """Whether a commit subject is `_subject`'s (for `name`, when given); a revert's is not."""
+    return subject.startswith(f"promote {name} (" if name else "promote ")
+
+
+def read_decision(root: Path, fix: str) -> dict[str, Any]:
+    """results/gate.json, or one paragraph naming the file, what is wrong with it and `fix`."""
+    path = root / paths.GATE_DECISION
+    if not path.is_file():
+        raise UserError(f"{path} does not exist: run `dvc repro` (the gate stage) first.")
+    decision, why = parse(path, Decision)
+    if decision is not None and decision.passed and decision.chosen not in decision.candidates:
+        why = f"gate.json chose {decision.chosen!r}, which is not among its candidates"
+    if why:
+        raise UserError(f"{path}: {why}; it is not the gate's record as written. {fix}")
+    return decision.model_dump(mode="json", exclude_unset=True)
+
+
+def plan(root: Path) -> dict[str, Any]:
+    """Everything promote would write, after every refusal check."""
+    gate = read_decision(root, RERUN)
+    if not gate["passed"]:
+        raise UserError(
+            "promotion refused: the gate did not pass for this workspace: "
+            + "; ".join(gate["reasons"])
+            + ". Production stays as it is."
+        )
+    # Files an interrupted promote shipped but never committed are not a change of the workspace:
+    # content-addressed, they are committed with the next promotion.
+    status = git.run(root, "status", "--porcelain", "--untracked-files=all").splitlines()
+    shipped_files = f"{git.prefix(root)}{paths.SHIPPED.as_posix()}/"
+    dirty = "\n".join(x for x in status if not (x.startswith("?? ") and x[3:].startswith(shipped_files)))
+    if dirty:
+        raise UserError(
+            "promotion refused: the workspace has uncommitted changes; commit them (with dvc.lock and "
+            f"metrics) so the promotion points at a reproducible commit:\n{dirty}"
+        )
+    stale = dvc_cli.status(root)
+    if stale:
+        raise UserError(
+            f"promotion refused: `dvc status` shows stages out of date ({', '.join(sorted(stale))}); "
+            "run `dvc repro`, commit, and promote again."
+        )
+    name = gate["chosen"]
+    cand = gate["candidates"][name]
+    record = _record(root, name, cand)
+    n = next_number(root, name)
+    lines = [_subject(name, cand["model_version"]), ""]
+    for r in cand["rules"]:
+        if r["verdict"] == "n/a":
+            lines.append(f"- {r['rule']}: n/a ({r.get('note', '')})")
+            continue
+        value = f"{r['value']:.4f}" if isinstance(r["value"], float) else r["value"]
+        note = f" ({r['note']})" if r.get("note") else ""
+        lines.append(f"- {r['rule']}: {value} {r['op']} {r['threshold']} -> {r['verdict']}{note}")
+    lines += ["", f"gate: {'; '.join(gate['reasons'])}", f"code: {record.code_commit}"]
+    return {"record": record, "tag": f"{name}#{STAGE}#{n}", "message": "\n".join(lines)}
+
+
+def _common(root: Path, name: str, cand: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a production record every kind of model has."""
+    model_dir = root / paths.model_dir(name)
+    params = load_params(root)
+    return dict(
+        model=name,
+        model_version=cand["model_version"],
+        artifacts={
+            str(p.relative_to(root)): sha256_file(p) for p in sorted(model_dir.rglob("*")) if p.is_file()
+        },
+        spec_hashes={
+            f"specs/models/{name}.yaml": spec_hash(load_spec(root / paths.model_spec(name))),
+            params.data: spec_hash(load_spec(root / params.data)),
+            params.gate: spec_hash(load_spec(root / params.gate)),
+        },
+        code_commit=git.run(root, "rev-parse", "HEAD"),
+        gate={r["rule"]: {k: r[k] for k in ("value", "op", "threshold", "verdict")} for r in cand["rules"]},
+    )
+
+
+def _lm_record(root: Path, name: str, cand: dict[str, Any]) -> Promoted:
+    """A language model's production record: bits per character instead of accuracy and a
+    routing policy; the corpus parts' sha256 as its data."""
+    corpus = load(root / paths.DATA_RECORD, CorpusRecord, RERUN)
+    return Promoted(
+        **_common(root, name, cand),
+        data_sha256=corpus.sha256,
+        val_bits_per_char=cand["val_bits_per_char"],
+        family="causal_lm",
+    )
+
+
+def _record(root: Path, name: str, cand: dict[str, Any]) -> Promoted:
+    """models/production.json for the gate's chosen candidate, from the pipeline's own files."""
+    model_dir = root / paths.model_dir(name)
+    config = load(model_dir / "config.json", ModelConfig, RERUN)
+    if config.family == "causal_lm":
+        return _lm_record(root, name, cand)
+    data = load(root / paths.DATA_RECORD, DataRecord, RERUN)
+    evaluation = load(root / paths.results_dir(name) / "eval.json", Evaluation, RERUN)
+    policy = read_calibration(model_dir / "calibration.json").policy
+    return Promoted(
+        **_common(root, name, cand),
+        data_sha256=data.sha256,
+        heldout_accuracy=cand["heldout_accuracy"],
+        heldout_accuracy_ci95=evaluation.sets["test"].accuracy_ci95,
+        calibration={
+            "threshold": policy.threshold,
+            "margin": policy.margin,
+            "temperature": evaluation.temperature,
+        },
+        family=config.family,
+    )
+
+
+def keep_promoted(root: Path, name: str, version: str) -> Path:
+    """Copy models/<name>/ (and an ensemble's member folders) to models/.promoted/<version>/:
+    production then answers from these files after a retrain, and reverting a promotion finds
+    the old model's files. Written whole (temporary folder, then rename) before the commit."""
+    dest = root / PROMOTED / version
+    if dest.is_dir():
+        return dest
+    fingerprint = load(root / paths.model_dir(name) / "fingerprint.json", Fingerprint, RERUN)
+    try:
+        with replace_dir(dest) as tmp:
+            for folder in [name, *(fingerprint.members or {})]:
+                shutil.copytree(root / paths.model_dir(folder), tmp / folder)
+                pause_if("promote:copy")
+            if (kept := model_version(tmp / name)) != version:
+                raise UserError(f"models/{name} holds {kept}, not the gate's {version}; run `dvc repro`.")
+    except OSError as e:  # a full disk, say: nothing is committed without the copy
+        raise UserError(
+            f"promotion refused: could not keep a copy of models/{name} in {dest} ({e.strerror or e}); "
+            "free some disk space and promote again. Production is unchanged."
+        ) from None
+    return dest
+
+
+def push_outputs(root: Path) -> str:
+    """Every output of this commit (the promoted model's among them) and the run-cache, to the
+    default DVC remote, before anything of the promotion is written: a failed push leaves
+    production as it was, and the same command retries."""
+    remote = dvc_cli.default_remote(root)
+    if remote is None:
+        raise UserError(
+            "promote --push needs a DVC remote to push the model's files to, and this project has none: "
+            "run `make remote URL=...` (a local folder, s3://, gs://, azure:// or ssh://), commit "
+            ".dvc/config, and promote again. Production is unchanged."
+        )
+    proc = dvc_cli.call(root, "push", "--run-cache")
+    if proc.returncode != 0:
+        raise UserError(
+            f"promotion refused: `dvc push` to remote '{remote}' failed ({dvc_cli.last_error(proc)}); "
+            "production is unchanged. Make the remote reachable and writable (`dvc remote list`), then "
+            "run `reprogate promote --push` again."
+        )
+    return f"promote: pushed this commit's outputs and run-cache to DVC remote '{remote}'\n"
+
+
+def push_commit(root: Path, tag: str) -> str:
+    """The promotion commit and its tag to the branch's git remote (its upstream, else origin),
+    atomically: the remote takes both or neither, so a rejected branch (moved on, protected)
+    never leaves a production tag on a commit that is not on the team's branch."""
+    upstream = git.run(root, "rev-parse", "--abbrev-ref", "--symbolic-full-name", "@{u}", check=False)
+    remote, _, branch = upstream.partition("/") if upstream else ("origin", "", "")
+    branch = branch or git.run(root, "rev-parse", "--abbrev-ref", "HEAD", check=False)
+    if remote not in git.run(root, "remote", check=False).split():
+        return (
+            "promote: no git remote to push to; publish the promotion with "
+            f"`git push --atomic <remote> HEAD refs/tags/{tag}` when there is one"
+        )
+    refs = (f"HEAD:refs/heads/{branch}", f"refs/tags/{tag}")
+    proc = git.completed(root, "push", "--atomic", remote, *refs)
+    if proc.returncode != 0:
+        said = [x.strip() for x in proc.stderr.splitlines()]
+        lines = [x for x in said if x.startswith(("!", "error", "remote:"))]
+        why = "; ".join(lines[:3]) or f"exit {proc.returncode}"
+        return (
+            f"promote: the promotion is committed and tagged here, and its files are on the DVC remote, "
+            f"but {remote} refused the push ({why}), so nothing was published: neither the commit nor the "
+            f"tag {tag}; the team's production is unchanged. Bring {branch} up to date with {remote}'s, "
+            f"then `git push --atomic {remote} HEAD:{branch} refs/tags/{tag}` (a rebase moves the "
+            f"promotion commit: move the tag with it, `git tag -f -a '{tag}'`)."
+        )
+    return f"promote: pushed the promotion commit to {remote}/{branch} and tag {tag}, together"
+
+
+def promote(root: Path, dry_run: bool = False, push: bool = False) -> str:
+    git_dir = git.git_dir(root)
+    if git_dir is None:
+        raise UserError(
+            f"{root} is not a git repository (or git is missing): a promotion is a git commit a "
+            "reviewer reads; run `git init` and commit the project, then promote."
+        )
+    if dry_run:
+        said = locks.clear(root, git_dir, dry_run=True)
+        if (journal := promote_commit.pending(git_dir)) is not None:
+            _same_project(root, journal)
+            return (
+                said
+                + f"would finish the interrupted promotion of {journal.model_version} (tag {journal.tag})"
+            )
+        return said + _fresh(root, git_dir, dry_run=True)
+    with promote_commit.exclusive(root, git_dir):
+        # Said at once: a refusal below must not hide that a lock file was removed.
+        print(locks.clear(root, git_dir), end="", flush=True)
+        if (journal := promote_commit.pending(git_dir)) is not None:
+            _same_project(root, journal)
+            pushed = push_outputs(root) if push else ""
+            commit = promote_commit.finish(root, git_dir, journal)
+            said = pushed + "promote: finished a promotion a killed run had begun.\n" + _done(journal, commit)
+            return said + ("\n" + push_commit(root, journal.tag) if push else "")
+        return _fresh(root, git_dir, dry_run=False, push=push)
+
+
+def _same_project(root: Path, journal: PromotionJournal) -> None:
+    """A journal is finished only by the project it belongs to (the repository may hold two:
+    the classifier at its top and the language model in lm/), or the record would land in the
+    wrong models/production.json."""
+    if journal.project != git.prefix(root):
+        where = journal.project or "the repository's top folder"
+        raise UserError(
+            f"an interrupted promotion of {journal.model_version} in {where} is not finished: run "
+            f"`reprogate promote` there first (it finishes it), then promote here."
+        )
+
+
+def _fresh(root: Path, git_dir: Path, dry_run: bool, push: bool = False) -> str:
+    p = plan(root)
+    pushed = push_outputs(root) if push and not dry_run else ""
+    written = dumps(p["record"])
+    record = json.loads(written)
+    current = read_json(root / PRODUCTION, RESTORE_PRODUCTION) if (root / PRODUCTION).is_file() else {}
+    if (current.get("model_version"), current.get("calibration")) == (
+        record["model_version"],
+        record.get("calibration"),  # a language model has none
+    ):
+        # The gate chose what is already in production: another commit and tag would only add
+        # noise to the history. On a clone without the kept copy, this makes it.
+        since = git.run(root, "log", "-1", "--format=%h %ad", "--date=short", "--", str(PRODUCTION))
+        said = (
+            f"promote: nothing to do: {record['model_version']} (same calibrated policy) is already in "
+            f"production (since {since or 'the workspace'}); no commit, no tag"
+        )
+        if not (root / PROMOTED / record["model_version"]).is_dir():
+            said += (
+                f"; {'would keep' if dry_run else 'kept'} its files in {PROMOTED / record['model_version']}"
+            )
+            if not dry_run:
+                keep_promoted(root, record["model"], record["model_version"])
+        if pushed:  # a retry after a failed git push: the tag of the promotion in place
+            tag = git.run(root, "describe", "--tags", "--exact-match", "--match", "*#prod#*", check=False)
+            said = pushed + said + "\n" + push_commit(root, tag or "(untagged)")
+        return said
+    if dry_run:
+        return (
+            f"would write {PRODUCTION}, commit and tag {p['tag']}, and keep a copy of models/"
+            f"{record['model']} in {PROMOTED / record['model_version']}:\n\n{p['message']}\n\n"
+            + written.rstrip()
+        )
+    pause_if("promote:planned")
+    kept = keep_promoted(root, record["model"], record["model_version"])
+    pushed += shipped.ship(root, sorted(d.name for d in kept.iterdir() if d.is_dir()))
+    journal = PromotionJournal(
+        base=record["code_commit"],  # the commit whose gate, tree and DVC state were checked
+        model=record["model"],
+        model_version=record["model_version"],
+        record=written,
+        message=p["message"],
+        tag=p["tag"],
+        project=git.prefix(root),
+    )
+    promote_commit.begin(git_dir, journal)
+    done = _done(journal, promote_commit.finish(root, git_dir, journal))
+    return pushed + done + ("\n" + push_commit(root, journal.tag) if push else "")
+
+
+def _done(journal: PromotionJournal, commit: str) -> str:
+    return (
+        f"promote: {journal.model} is in production (commit {commit[:7]}, tag {journal.tag}); its files "
+        f"are kept in {PROMOTED / journal.model_version}. The gate compares candidates with "
+        "production, so `dvc repro` reruns it against this one (commit its results/gate.json). "
+        f"`git push --atomic origin HEAD refs/tags/{journal.tag}` publishes the commit with its tag, both or "
+        "neither (`promote --push` does it for you; a plain push leaves the tag behind)."
+    )
+
+
+def next_number(root: Path, name: str) -> int:
+    """GTO's <n> of the next `name#prod#<n>` tag: after every earlier one, counted from the tags
+    and from the promotion commits of models/production.json. A clone without the tags (a
+    shallow CI checkout, a `git clone` of a branch whose tags were never pushed) would otherwise
+    start again at 1 and name a second, different promotion like the first."""
+    tags = [t for t in git.run(root, "tag", "--list", f"{name}#{STAGE}#*").splitlines() if t]
+    tagged = max((int(t.rsplit("#", 1)[1]) for t in tags if t.rsplit("#", 1)[1].isdigit()), default=0)
+    log = git.run(root, "log", "--format=%s", "--", str(PRODUCTION), check=False)
+    committed = sum(is_promotion(line, name) for line in log.splitlines())
+    return 1 + max(tagged, committed)
+
+
+def history(root: Path) -> str:
+    """The commits that changed production, newest first, each with the model it put there
+    (read from that commit's models/production.json, so a revert shows what it restored);
+    `[files kept]` marks versions whose promoted files are in models/.promoted/, so reverting
+    to them takes effect at once."""
+    log = git.run(root, "log", "--format=%h %ad %s", "--date=short", "--", str(PRODUCTION))
+    lines = []
+    for line in log.splitlines():
+        commit, date, subject = line.split(" ", 2)
+        shown = git.run(root, "show", f"{commit}:{PRODUCTION}", check=False)
+        try:
+            version = json.loads(shown).get("model_version") if shown else None
+        except (json.JSONDecodeError, AttributeError):
+            version = None
+        kept = isinstance(version, str) and "@" in version and (root / PROMOTED / version).is_dir()
+        lines.append(f"{commit} {date} {version or '(none)'}  {subject}" + ("  [files kept]" if kept else ""))
+    tags = git.run(root, "tag", "--list", f"*#{STAGE}#*", "--format=%(refname:short) -> %(*objectname:short)")
+    promotions = sum(is_promotion(line.split(" ", 2)[2]) for line in log.splitlines())
+    untagged = promotions - len(tags.splitlines())
+    note = (
+        f"\n\n{untagged} promotion commit(s) above have no tag in this clone (tags are not fetched by "
+        "every clone: `git fetch --tags`); `promote` numbers the next tag after them all the same."
+        if untagged > 0
+        else ""
+    )
+    return ("\n".join(lines) or "(no promotions yet)") + ("\n\ntags:\n" + tags if tags else "") + note

@@ -1,0 +1,209 @@
+"""What one revision holds: its records, lock file and prediction files, read by `reprogate
+report` (two revisions compared) and `reprogate registry sync` (revisions imported).
+
+A revision is a git commit (or the working tree, rev None). Files git tracks (results/,
+metrics/, plots/, dvc.lock) are read with `git show`; DVC outputs (prediction files, model
+fingerprints) through one DVCFileSystem per revision, which finds them in the local cache or
+the remote. Every
+record is validated by the same model its writer used. A revision made before results/ existed
+kept the complete records under metrics/: those are read from there, so a report can compare
+with a base from before this layout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from reprogate.records import Decision, Evaluation, Fingerprint, R, ResumeRecord, validated
+from reprogate.records.lm import LmEvaluation
+from reprogate.utils import git, paths
+from reprogate.utils.errors import UserError
+
+
+@dataclass
+class Revision:
+    root: Path
+    rev: str | None  # None: the working tree
+    who: str = "report"  # the command reading it, which its messages name
+    missing: list[str] = field(default_factory=list)  # what could not be read, said in the report
+
+    @cached_property
+    def commit(self) -> str | None:
+        if self.rev is None:
+            return None
+        proc = git.completed(self.root, "rev-parse", "--verify", "-q", f"{self.rev}^{{commit}}")
+        if proc.returncode != 0:
+            raise UserError(
+                f"{self.who}: '{self.rev}' is not a commit of {self.root} (git rev-parse found nothing); "
+                "give a branch, tag or commit that exists here (`git fetch` a remote branch first)."
+            )
+        return proc.stdout.strip()
+
+    @cached_property
+    def committed_at(self) -> datetime | None:
+        """The commit's committer date (with its offset); None for the working tree."""
+        if self.commit is None:
+            return None
+        return datetime.fromisoformat(git.run(self.root, "show", "-s", "--format=%cI", self.commit))
+
+    @property
+    def label(self) -> str:
+        if self.rev is None:
+            return "working tree"
+        return self.commit[:7] if self.commit.startswith(self.rev) else f"{self.rev} ({self.commit[:7]})"
+
+    def text(self, path: Path | str) -> str | None:
+        """A git-tracked file as this revision holds it; None when it has none."""
+        if self.rev is None:
+            p = self.root / path
+            return _utf8(p.read_bytes(), path, self.label) if p.is_file() else None
+        # `./`: relative to the project (git runs there), which may be a subfolder (lm/) of the
+        # repository; a bare path would name the top folder's file of that name.
+        raw = git.committed(self.root, Path(path), self.commit)
+        return _utf8(raw, path, self.label) if raw is not None else None
+
+    def output(self, path: Path | str) -> str | None:
+        """A DVC output as this revision's dvc.lock pins it, from the cache or the remote."""
+        if self.rev is None:
+            p = self.root / path
+            if p.is_file():
+                return _utf8(p.read_bytes(), path, self.label)
+            self.missing.append(f"{path} (not in the working tree: run `dvc repro` or `dvc pull`)")
+            return None
+        try:
+            raw = self._dvc_fs.read_bytes(self._prefix + Path(path).as_posix())
+        except Exception as e:  # noqa: BLE001 - DVC raises many kinds; each means "not here"
+            self.missing.append(f"{path} ({type(e).__name__}: not in the DVC cache or remote)")
+            return None
+        return _utf8(raw, path, self.label)
+
+    @cached_property
+    def _dvc_fs(self):
+        """This revision's files as DVC sees them: opened once (about a second), then each
+        output is read from the cache (or the remote) in milliseconds."""
+        from dvc.api import DVCFileSystem
+
+        # Paths from the repository's top; a project in a subfolder (lm/, its own DVC project)
+        # is a DVC subrepo there.
+        return DVCFileSystem(str(self.root), rev=self.commit, subrepos=True)
+
+    @cached_property
+    def _prefix(self) -> str:
+        return git.prefix(self.root).strip()
+
+    def record(self, shape: type[R], *candidates: Path) -> R | None:
+        """The first of `candidates` this revision has, validated as `shape`: a damaged one is
+        named, never passed over for the next."""
+        for path in candidates:
+            raw = self.text(path)
+            if raw is None:
+                continue
+            fix = "it is not the record reprogate writes. Compare revisions whose records `make repro` wrote."
+            return validated(raw, shape, f"{self.who}: {path} at {self.label}", fix)
+        return None
+
+    @cached_property
+    def gate(self) -> Decision | None:
+        return self.record(Decision, paths.GATE_DECISION, paths.GATE_METRICS)
+
+    def evaluation(self, model: str) -> Evaluation | None:
+        name = "eval.json"
+        return self.record(Evaluation, paths.results_dir(model) / name, paths.metrics_dir(model) / name)
+
+    def is_language_model(self, model: str) -> bool:
+        """From the model's spec at this revision (the shape of its eval.json depends on it)."""
+        raw = self.text(paths.model_spec(model))
+        try:
+            spec = yaml.safe_load(raw) if raw else None
+        except yaml.YAMLError:
+            return False
+        return isinstance(spec, dict) and spec.get("family") == "causal_lm"
+
+    def lm_evaluation(self, model: str) -> LmEvaluation | None:
+        name = "eval.json"
+        return self.record(LmEvaluation, paths.results_dir(model) / name, paths.metrics_dir(model) / name)
+
+    def resume(self, model: str) -> ResumeRecord | None:
+        name = "resume.json"
+        return self.record(ResumeRecord, paths.results_dir(model) / name, paths.metrics_dir(model) / name)
+
+    def per_intent(self, model: str) -> dict[str, float]:
+        """Intent -> F1 on the held-out test set (plots/<m>/per_intent.json, or the older
+        metrics/<m>/per_intent.json keyed by set)."""
+        raw = self.text(paths.plots_dir(model) / "per_intent.json")
+        if raw is not None:
+            return {r["intent"]: r["f1"] for r in json.loads(raw)}
+        old = self.text(paths.metrics_dir(model) / "per_intent.json")
+        return {k: v["f1"] for k, v in json.loads(old).get("test", {}).items()} if old else {}
+
+    def predictions(self, model: str, split: str = "test") -> dict[str, tuple[str, str, str]]:
+        """id -> (text, gold, predicted) of a prediction file; {} when it cannot be read."""
+        raw = self.output(paths.predictions_dir(model) / f"{split}.jsonl")
+        out = {}
+        for line in (raw or "").splitlines():
+            r = json.loads(line)
+            out[str(r["id"])] = (r["text"], r["gold"], r["predicted"])
+        return out
+
+    def fingerprint(self, model: str) -> Fingerprint | None:
+        raw = self.output(paths.model_dir(model) / "fingerprint.json")
+        return Fingerprint.model_validate_json(raw) if raw else None
+
+    @cached_property
+    def lock(self) -> dict[str, Any]:
+        """Stage -> its dvc.lock entry (deps, params, outs with their hashes)."""
+        raw = self.text(paths.DVC_YAML.with_suffix(".lock"))
+        # libyaml's loader when PyYAML has it: a lock file is read per commit of a registry sync.
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        return (yaml.load(raw, Loader=loader) or {}).get("stages", {}) if raw else {}
+
+    @cached_property
+    def blobs(self) -> dict[str, str]:
+        """Path -> git blob id of every file this commit tracks under results/, metrics/ and
+        plots/: what its records are, from one `git ls-tree` instead of a `git show` each."""
+        listed = git.run(self.root, "ls-tree", "-r", self.commit, "--", "results", "metrics", "plots")
+        out = {}
+        for line in filter(None, listed.splitlines()):
+            meta, path = line.split("\t", 1)
+            out[path] = meta.split()[2]
+        return out
+
+    def file_sha256(self, path: str) -> str | None:
+        raw = self.text(path)
+        return hashlib.sha256(raw.encode()).hexdigest() if raw is not None else None
+
+
+def stage_changes(base: dict[str, Any], head: dict[str, Any]) -> dict[str, list[str]]:
+    """Which stages' lock entries differ (they ran again for head), are the same, or were
+    added or removed. Compared whole: a dependency, parameter or output hash that moved."""
+
+    def key(entry: dict[str, Any]) -> str:
+        return json.dumps(entry, sort_keys=True)
+
+    return {
+        "reran": sorted(s for s in head if s in base and key(head[s]) != key(base[s])),
+        "unchanged": sorted(s for s in head if s in base and key(head[s]) == key(base[s])),
+        "added": sorted(s for s in head if s not in base),
+        "removed": sorted(s for s in base if s not in head),
+    }
+
+
+def _utf8(raw: bytes, path: Path | str, label: str) -> str:
+    """A record's text; a byte that is not UTF-8 is one paragraph naming the file and where."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise UserError(
+            f"{path} at {label}: byte {e.start} (line {line}) is not UTF-8 ({raw[e.start : e.start + 4]!r}); "
+            "reprogate writes its records in UTF-8, so this file was damaged or written by something "
+            "else: rerun the stage that writes it (`dvc repro`), or restore it from git."
+        ) from None

@@ -1,0 +1,1 @@
+"""`reprogate registry`: runs, metrics and predictions in Delta Lake tables, queried by SQL."""

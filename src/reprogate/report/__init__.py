@@ -1,0 +1,1 @@
+"""`reprogate report`: the pull-request report."""

@@ -1,0 +1,1 @@
+"""The numeric pin (set before torch loads) and device choice."""

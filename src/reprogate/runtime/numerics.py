@@ -1,0 +1,165 @@
+"""The pinned numeric environment: which floating-point code paths every stage process takes.
+
+The same weights on two CPUs differ when their math libraries pick different kernels: ATen's
+vectorised ops (AVX2 vs AVX-512 widths reduce in another order), MKL's sgemm (it dispatches by
+CPU unless conditional numerical reproducibility fixes a branch), numpy's SIMD loops, OpenBLAS.
+Each reads its choice once, from the environment, when it loads; so `pin()` runs before torch or
+numpy is imported (reprogate's entry point, `python -m reprogate`), children inherit the
+variables, and `check()` refuses a process where a library loaded before the pin. Thread counts
+are each model spec's `threads` (torch.set_num_threads); MKL may not shrink them (MKL_DYNAMIC).
+Measured effects (docs/reproducibility.md): ATen capability, MKL branch and thread count each
+change a training run's bits; oneDNN and fbgemm caps did not on our models, pinned all the same.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+
+from reprogate.specs.params import Numerics
+from reprogate.utils import paths
+from reprogate.utils.errors import UserError
+
+# Set when a process pinned its environment, so its children know it was done before import.
+PINNED_ENV = "REPROGATE_NUMERICS"
+# Per level: the CPU flags it needs (/proc/cpuinfo names), then each library's variable.
+LEVELS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
+    "x86-64-v2": (
+        ("sse4_2", "popcnt", "ssse3"),
+        {
+            "ATEN_CPU_CAPABILITY": "default",
+            "MKL_CBWR": "SSE4_2",
+            "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+            "ONEDNN_MAX_CPU_ISA": "SSE41",
+            "NPY_DISABLE_CPU_FEATURES": "X86_V3 X86_V4 AVX512_ICL AVX512_SPR",
+            "OPENBLAS_CORETYPE": "Nehalem",
+        },
+    ),
+    "x86-64-v3": (
+        ("avx2", "fma", "bmi1", "bmi2", "f16c", "movbe", "abm"),
+        {
+            "ATEN_CPU_CAPABILITY": "avx2",
+            "MKL_CBWR": "AVX2",
+            "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+            "ONEDNN_MAX_CPU_ISA": "AVX2",
+            "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
+            "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR",
+            "OPENBLAS_CORETYPE": "Haswell",
+        },
+    ),
+    "x86-64-v4": (
+        ("avx2", "fma", "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"),
+        {
+            "ATEN_CPU_CAPABILITY": "avx512",
+            "MKL_CBWR": "AVX512",
+            "MKL_ENABLE_INSTRUCTIONS": "AVX512",
+            "ONEDNN_MAX_CPU_ISA": "AVX512_CORE",
+            "FBGEMM_ENABLE_INSTRUCTIONS": "AVX512",
+            "NPY_DISABLE_CPU_FEATURES": "AVX512_ICL AVX512_SPR",
+            "OPENBLAS_CORETYPE": "SkylakeX",
+        },
+    ),
+}
+# Whatever the level: MKL keeps the thread count it is given, and numpy's BLAS runs on one
+# thread (its work here is small; a thread split can change a reduction's order).
+ALWAYS = {"MKL_DYNAMIC": "FALSE", "OMP_DYNAMIC": "FALSE", "OPENBLAS_NUM_THREADS": "1"}
+# Every variable a level may set: forwarded to workers a launcher does not start itself (Ray).
+VARIABLES = tuple(sorted({k for _, env in LEVELS.values() for k in env} | set(ALWAYS) | {PINNED_ENV}))
+# What ATen reports (torch.backends.cpu.get_cpu_capability) when the pin took.
+ATEN_REPORTS = {"default": "DEFAULT", "avx2": "AVX2", "avx512": "AVX512"}
+
+
+def variables(numerics: Numerics) -> dict[str, str]:
+    """The environment a level pins (`native`: only the thread rules)."""
+    if numerics.cpu_level == "native":
+        return dict(ALWAYS)
+    return {**LEVELS[numerics.cpu_level][1], **ALWAYS}
+
+
+def cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def refuse_unless_honoured(numerics: Numerics, where: str) -> None:
+    """A CPU that cannot run the pinned level is refused: it would take other code paths and
+    produce other bits than the commit says, silently."""
+    level = numerics.cpu_level
+    if level == "native":
+        return
+    fix = (
+        f"Run on an x86-64 CPU that has them, or set numerics.cpu_level in {paths.PARAMS} to a level "
+        "this CPU meets (or `native`, which pins nothing and reproduces only on this kind of CPU); "
+        "either change rebuilds every model, since it is another numeric environment."
+    )
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        raise UserError(
+            f"{where}: field 'numerics.cpu_level' is '{level}', an x86-64 level, but this machine is "
+            f"{platform.machine()} ({cpu_name()}), whose float kernels are others. {fix}"
+        )
+    missing = [f for f in LEVELS[level][0] if f not in cpu_flags()]
+    if missing:
+        raise UserError(
+            f"{where}: field 'numerics.cpu_level' is '{level}', but this CPU ({cpu_name()}) lacks "
+            f"{', '.join(missing)}, so it cannot take the pinned code paths. {fix}"
+        )
+
+
+def read(root: Path) -> Numerics:
+    """params.yaml's numerics (only that field: see specs.loader.load_numerics)."""
+    from reprogate.specs.loader import load_numerics
+
+    return load_numerics(root)
+
+
+def pin(root: Path | None) -> Numerics | None:
+    """Set the environment of the project at `root` in this process, before torch or numpy load.
+    None (nothing pinned) outside a project: `reprogate --help`, a deployed model folder."""
+    if root is None or not (root / paths.PARAMS).is_file():
+        return None
+    numerics = read(root)
+    refuse_unless_honoured(numerics, str(root / paths.PARAMS))
+    os.environ.update(variables(numerics))
+    os.environ[PINNED_ENV] = json.dumps(numerics.model_dump(mode="json"), sort_keys=True)
+    return numerics
+
+
+def check(root: Path) -> None:
+    """Refuse a process whose numeric environment is not the project's pin (torch loaded
+    before `pin`, or a variable changed since)."""
+    numerics = read(root)
+    want = variables(numerics)
+    wrong = {k: os.environ.get(k) for k, v in want.items() if os.environ.get(k) != v}
+    capability = aten_capability()
+    expected = ATEN_REPORTS.get(want.get("ATEN_CPU_CAPABILITY", ""), capability)
+    if wrong or capability != expected:
+        seen = ", ".join(f"{k}={v!r}" for k, v in wrong.items()) or f"ATen runs {capability}"
+        raise UserError(
+            f"{root / paths.PARAMS}: field 'numerics.cpu_level' is '{numerics.cpu_level}', but this "
+            f"process does not run under it ({seen}; wanted {expected}): the math libraries read the "
+            "pin when they load. Run through `reprogate ...` or `python -m reprogate ...`, which pin "
+            "before torch loads; from Python, call reprogate.runtime.numerics.pin(ROOT) before "
+            "importing torch."
+        )
+
+
+def aten_capability() -> str:
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability()

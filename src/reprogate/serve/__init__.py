@@ -1,0 +1,1 @@
+"""`reprogate serve`: the production model over HTTP."""

@@ -1,0 +1,396 @@
+"""`reprogate serve`: the production model over HTTP (FastAPI on uvicorn).
+
+POST /predict  {"text": "..."} or {"texts": ["...", ...]} -> {"predictions": [Prediction, ...]}
+POST /generate {"prompt": "...", "max_tokens": N, "seed": S} -> a continuation (a language model's
+               project, lm/: its production model is a causal_lm)
+GET  /healthz  liveness and the model being served
+GET  /version  production model, data hash, code commit, calibration
+GET  /openapi.json, /docs
+
+The model is loaded and warmed once at start-up. A watcher thread re-reads
+models/production.json; when a promotion or a rollback changes it, the new model is loaded
+and warmed beside the old one, then swapped in with one reference assignment: requests
+already running finish on the model they started with, none is dropped. A user mistake in a
+request is a 4xx with a message, never a 500, and the server keeps answering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import gc
+import logging
+import socket
+import threading
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from reprogate.predict.lm import (
+    MAX_NEW_TOKENS,
+    MAX_PROMPT_CHARS,
+    LoadedLm,
+    is_language_model,
+    load_generator,
+)
+from reprogate.predict.production import load_servable, production_sha256
+from reprogate.serve import limits as serve_limits
+from reprogate.specs import pipeline_kind
+from reprogate.utils.errors import UserError, relative
+from reprogate.utils.queries import MAX_QUERY_CHARS
+
+MAX_TEXT_CHARS = MAX_QUERY_CHARS
+MAX_BATCH = 64
+MAX_BODY_BYTES = 256 * 1024
+log = logging.getLogger("reprogate.serve.app")
+
+Text = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MAX_TEXT_CHARS)]
+
+
+class PredictRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: Text | None = Field(None, description="One query.")
+    texts: list[Text] | None = Field(None, min_length=1, max_length=MAX_BATCH, description="Several queries.")
+
+    @model_validator(mode="after")
+    def _one(self) -> PredictRequest:
+        if (self.text is None) == (self.texts is None):
+            raise ValueError('give exactly one of "text" (a string) or "texts" (a list of strings)')
+        for t in [self.text] if self.text is not None else self.texts:
+            if not t.strip():
+                raise ValueError("a query is blank; every query needs some text")
+        return self
+
+
+class GenerateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prompt: Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MAX_PROMPT_CHARS)]
+    max_tokens: int = Field(200, ge=1, le=MAX_NEW_TOKENS, strict=True)
+    seed: int = Field(0, ge=0, le=2**63 - 1, strict=True)
+    temperature: float = Field(0.8, gt=0.0, le=5.0)
+    top_k: int | None = Field(None, ge=1, strict=True)
+
+
+class Generated(BaseModel):
+    prompt: str
+    text: str = Field(description="The continuation only.")
+    tokens: int
+    seed: int
+    temperature: float
+    model_version: str
+    latency_ms: float
+
+
+def load(root: Path, model_dir: Path | None = None, device: str = "auto"):
+    """What this project serves: its production language model (a project on a text corpus, or
+    a language-model folder), else its classifier."""
+    lm = is_language_model(model_dir) if model_dir is not None else pipeline_kind(root) == "lm"
+    return (load_generator if lm else load_servable)(root, model_dir, device)
+
+
+class Alternative(BaseModel):
+    intent: str
+    probability: float
+
+
+class Prediction(BaseModel):
+    text: str
+    intent: str
+    probability: float = Field(description="Calibrated probability of the top intent.")
+    alternatives: list[Alternative] = Field(description="Top-3 intents with calibrated probabilities.")
+    route: Literal["act", "review"]
+    reasons: list[str] = Field(description="Why review: low_confidence, small_margin, out_of_scope.")
+    model_version: str
+    latency_ms: float
+
+
+class PredictResponse(BaseModel):
+    predictions: list[Prediction]
+
+
+class ErrorResponse(BaseModel):
+    error: str
+    details: list[dict[str, Any]] = []
+
+
+class Holder:
+    """The model being served, and the watcher that swaps in a newly promoted one."""
+
+    def __init__(self, root: Path, model_dir: Path | None, interval: float, device: str = "auto"):
+        self.root, self.model_dir, self.interval, self.device = root, model_dir, interval, device
+        self.current = load(root, model_dir, device)
+        self.reload_error: str | None = None
+        self.reloads = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def check(self) -> bool:
+        """Reload when production.json changed; True when a new model was swapped in."""
+        sha = production_sha256(self.root)
+        if sha is None:
+            return False
+        if sha == self.current.source_sha256:
+            self.reload_error = None  # the record is back to the one being served
+            return False
+        try:
+            fresh = load(self.root, device=self.device)
+        except Exception as e:  # keep serving the old model; say why on /healthz
+            self.reload_error = f"{type(e).__name__}: {relative(str(e), self.root)}"
+            log.error("reload failed, still serving %s: %s", self.current.version, self.reload_error)
+            return False
+        self.current, self.reload_error = fresh, None  # one assignment: atomic for readers
+        self.reloads += 1
+        # The old model sits in reference cycles (torch and transformers modules hold them), which
+        # only a full collection frees, and one rarely comes on its own in a process this size:
+        # without this every reload kept its predecessor (~70 MB each for the default ensemble).
+        # Requests still using it hold their own reference; it goes when they finish.
+        gc.collect()
+        device = fresh.scorer.device if hasattr(fresh, "scorer") else fresh.device  # a classifier, an LM
+        if device.type == "cuda":  # and the allocator's cache of its blocks with it
+            import torch
+
+            torch.cuda.empty_cache()
+        log.info("now serving %s", fresh.version)
+        return True
+
+    def start(self) -> None:
+        if self.model_dir is not None:
+            return  # a fixed model folder is not watched
+
+        def loop() -> None:
+            while not self._stop.wait(self.interval):
+                try:
+                    self.check()
+                except OSError as e:  # out of files for a moment, say: keep watching, say why
+                    self.reload_error = f"could not read models/production.json ({e.strerror or e})"
+                    log.error(
+                        "production watcher: %s; still serving %s", self.reload_error, self.current.version
+                    )
+
+        self._thread = threading.Thread(target=loop, name="production-watcher", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+
+
+class BodyLimit:
+    """413 for a request body over `limit` bytes, whether declared (Content-Length) or sent in
+    chunks without one: the body is read here, at most `limit` bytes of it, and handed on."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            return await self._refuse(scope, receive, send)
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                return await self._refuse(scope, receive, send)
+            more = message.get("more_body", False)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope, receive, send) -> None:
+        message = (
+            f"request body over {self.limit} bytes; send at most {MAX_BATCH} queries of at most "
+            f"{MAX_TEXT_CHARS} characters"
+        )
+        await _error(413, message)(scope, receive, send)
+
+
+def _error(status: int, message: str, details: list | None = None) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error": message, "details": details or []})
+
+
+def create_app(
+    root: Path, model_dir: Path | None = None, watch_interval: float = 1.0, device: str = "auto"
+) -> FastAPI:
+    # Loaded here, before the server listens: a broken model is a clear error at start-up.
+    holder = {"h": Holder(root, model_dir, watch_interval, device)}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        holder["h"].start()
+        yield
+        holder["h"].stop()
+
+    app = FastAPI(
+        title="reprogate",
+        version="1",
+        description="Routed intent predictions from the production model.",
+        lifespan=lifespan,
+    )
+
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        details = [{"field": ".".join(str(x) for x in e["loc"]), "message": e["msg"]} for e in exc.errors()]
+        kinds = {e["type"] for e in exc.errors()}
+        message = (
+            "body is not valid JSON in UTF-8"
+            if "json_invalid" in kinds
+            else 'invalid request: send {"prompt": "...", "max_tokens": 200, "seed": 0}'
+            if request.url.path == "/generate"
+            else 'invalid request: send {"text": "..."} or {"texts": ["...", ...]}'
+        )
+        return _error(422, message, details)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 400:  # FastAPI could not decode the body at all
+            return _error(400, 'body is not valid JSON in UTF-8; send {"text": "..."}')
+        return _error(exc.status_code, str(exc.detail))
+
+    app.state.holder = holder["h"]
+    responses = {413: {"model": ErrorResponse}, 422: {"model": ErrorResponse}}
+
+    @app.post("/predict", response_model=PredictResponse, responses=responses)
+    def predict(req: PredictRequest) -> Any:
+        loaded = holder["h"].current  # this request's model, even if a swap happens meanwhile
+        if isinstance(loaded, LoadedLm):
+            return _error(409, f"this server holds the language model {loaded.version}: POST /generate")
+        return {"predictions": loaded.predict([req.text] if req.text is not None else req.texts)}
+
+    @app.post("/generate", response_model=Generated, responses=responses)
+    def generate(req: GenerateRequest) -> Any:
+        loaded = holder["h"].current
+        if not isinstance(loaded, LoadedLm):
+            return _error(409, f"this server holds the classifier {loaded.version}: POST /predict")
+        try:
+            return loaded.generate(req.prompt, req.max_tokens, req.seed, req.temperature, req.top_k)
+        except UserError as e:  # a prompt the vocabulary cannot spell
+            return _error(422, str(e))
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, Any]:
+        h = holder["h"]
+        return {
+            "status": "ok",
+            "model_version": h.current.version,
+            "reloads": h.reloads,
+            "reload_error": h.reload_error,
+        }
+
+    @app.get("/version")
+    def version() -> dict[str, Any]:
+        return describe(holder["h"].current, holder["h"].root)
+
+    return app
+
+
+def describe(cur, root: Path) -> dict[str, Any]:
+    """GET /version: what is being served, from its production record."""
+    r = cur.record
+    if isinstance(cur, LoadedLm):
+        return {
+            "model": cur.name,
+            "model_version": cur.version,
+            "family": "causal_lm",
+            "data_sha256": r.data_sha256 if r else None,
+            "code_commit": r.code_commit if r else None,
+            "val_bits_per_char": r.val_bits_per_char if r else None,
+            "vocab_size": cur.tokenizer.vocab_size,
+            "device": str(cur.device),
+            "files": relative(str(cur.dir), root),
+        }
+    return {
+        "model": cur.name,
+        "model_version": cur.version,
+        "data_sha256": r.data_sha256 if r else None,
+        "code_commit": r.code_commit if r else None,
+        "calibration": {
+            "temperature": cur.policy.temperature,
+            "threshold": cur.policy.threshold,
+            "margin": cur.policy.margin,
+        },
+        "labels": len(cur.scorer.labels),
+        # What it may answer `act` with: a client (Home Assistant) offers these to allow.
+        "intents": [x for i, x in enumerate(cur.scorer.labels) if i != cur.scorer.oos_index],
+        "device": str(cur.scorer.device),
+        "files": relative(str(cur.scorer.dir), root),
+    }
+
+
+def _check_address(host: str, port: int) -> None:
+    """Fail before loading the model when the address cannot be served (uvicorn would load it,
+    then log the bind error and exit 3)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise UserError(
+            f"--host {host}: not an address of this machine ({e.strerror}); use e.g. 127.0.0.1."
+        ) from None
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            s.bind(address)
+        except OSError as e:
+            fix = (
+                "another server is using the port: stop it, or choose another with --port"
+                if e.errno == errno.EADDRINUSE
+                else "give an address of this machine (127.0.0.1; 0.0.0.0 for all) and a port over 1023"
+            )
+            said = f"--host {host} --port {port}: cannot listen there ({e.strerror})"
+            raise UserError(f"{said}; {fix}.") from None
+
+
+def serve(
+    root: Path,
+    host: str,
+    port: int,
+    model_dir: Path | None,
+    device: str = "auto",
+    limits: serve_limits.Limits | None = None,
+) -> None:
+    limits = limits or serve_limits.Limits()
+    import uvicorn
+
+    _check_address(host, port)
+    cap = limits.max_connections or serve_limits.default_max_connections()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    config = uvicorn.Config(
+        create_app(root, model_dir, watch_interval=limits.watch_interval, device=device),
+        host=host,
+        port=port,
+        log_level="info",
+        http=serve_limits.protocol(limits.header_timeout, cap),
+        # Accepted per wake-up of the listening socket: small, so connections are counted (and
+        # the cap enforced) between batches, never past the file limit in one.
+        backlog=serve_limits.ACCEPT_BATCH,
+    )
+    serve_limits.limit_logs()
+    server = uvicorn.Server(config)
+
+    async def run() -> None:
+        asyncio.get_running_loop().set_exception_handler(serve_limits.loop_errors)
+        await server.serve()
+
+    asyncio.run(run())

@@ -1,0 +1,1 @@
+"""Training: the trainer, full-state checkpoints, ranks (torchrun, Ray), plans, model folders."""

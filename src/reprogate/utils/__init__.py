@@ -1,0 +1,1 @@
+"""Utilities every layer may use: errors, hashing, files, git, locks, paths, the import graph."""

@@ -1,0 +1,62 @@
+"""The `dvc` command as promote and `reprogate remote` run it: one runner, one error shape.
+
+DVC is driven through its command line (as a user and `make repro` drive it), never its Python
+internals, so what reprogate does is exactly what a person can retype. The `dvc` next to this
+Python comes first: the project's virtual environment, not another one on PATH.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from reprogate.utils.errors import UserError
+
+
+def executable() -> str:
+    here = Path(sys.executable).with_name("dvc")
+    return str(here) if here.exists() else "dvc"
+
+
+def call(root: Path, *args: str) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run([executable(), *args], cwd=root, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise UserError(
+            "dvc is not installed (or not on PATH): run `make venv`, or use the project's .venv."
+        ) from None
+
+
+def run(root: Path, *args: str) -> str:
+    proc = call(root, *args)
+    if proc.returncode != 0:
+        raise UserError(f"`dvc {' '.join(args)}` failed in {root}: {last_error(proc)}")
+    return proc.stdout
+
+
+def last_error(proc: subprocess.CompletedProcess) -> str:
+    """DVC's own error line (it prints `ERROR: ...` last), not its whole log."""
+    lines = [x.strip() for x in (proc.stderr or proc.stdout).splitlines() if x.strip()]
+    errors = [x for x in lines if x.startswith("ERROR")]
+    return (errors or lines or [f"exit status {proc.returncode}"])[-1]
+
+
+def status(root: Path) -> dict:
+    """`dvc status --json`: the stages whose dependencies or outputs changed ({} when clean)."""
+    return json.loads(run(root, "status", "--json") or "{}")
+
+
+def default_remote(root: Path) -> str | None:
+    """The name of the project's default DVC remote, or None when none is configured."""
+    proc = call(root, "remote", "default")
+    return proc.stdout.strip() or None if proc.returncode == 0 else None
+
+
+def lock_outputs(text: str | bytes | None) -> dict[str, str | None]:
+    """Every output path of a dvc.lock with its md5 (a folder's ends in .dir)."""
+    lock = yaml.safe_load(text or "") or {}
+    return {o["path"]: o.get("md5") for s in lock.get("stages", {}).values() for o in s.get("outs", [])}
