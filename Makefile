@@ -15,12 +15,20 @@ export HF_DATASETS_OFFLINE ?= 1
 
 .PHONY: venv repro repro-lm remote test test-home-assistant bench-home-assistant lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy bench-registry bench-engines bench-lm clean
 
-# Rebuilt whenever the lock or the project metadata changes.
+# Rebuilt whenever the lock or the project metadata changes. uv installs the lock (the same pins
+# pip would, in seconds instead of minutes); it reads pip's find-links (where this machine keeps
+# the CPU build of torch) from UV_FIND_LINKS.
+UV_VERSION := 0.13.9
+ifneq ($(PIP_FIND_LINKS),)
+export UV_FIND_LINKS ?= $(PIP_FIND_LINKS)
+endif
+UV := $(BIN)/uv pip install -q
 $(VENV)/.installed: requirements.lock pyproject.toml
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.lock
-	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps -e .
+	$(BIN)/python -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
+	$(UV) --python $(BIN)/python -r requirements.lock
+	$(UV) --python $(BIN)/python --no-deps -e .
 	touch $@
 
 venv: $(VENV)/.installed
@@ -29,11 +37,11 @@ venv: $(VENV)/.installed
 # machines can install, 2025.4.4, pinned by pytest-homeassistant-custom-component 0.13.236.
 HA_PYTHON ?= $(shell PYENV_VERSION=3.13.0 pyenv which python 2>/dev/null || command -v python3.13)
 HA_VENV := .venv-ha
-$(HA_VENV)/.installed: requirements-home-assistant.lock
+$(HA_VENV)/.installed: requirements-home-assistant.lock $(VENV)/.installed
 	@[ -n "$(HA_PYTHON)" ] || { echo "make test-home-assistant: no Python 3.13 found; set HA_PYTHON=/path/to/python3.13"; exit 1; }
 	rm -rf $(HA_VENV)
 	$(HA_PYTHON) -m venv $(HA_VENV)
-	$(HA_VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-home-assistant.lock
+	$(UV) --python $(HA_VENV)/bin/python -r requirements-home-assistant.lock
 	touch $@
 
 # With a DVC remote (make remote), what it holds is restored first (outputs and run-cache) and

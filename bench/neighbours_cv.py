@@ -24,7 +24,7 @@ from learning_curve import FOLDS, POOL, ROOT, held_out_log_probs, paired_gain, p
 from safetensors.torch import load_file
 
 from reprogate.models.ensemble import Neighbours
-from reprogate.pipeline.stages.combine import fit_weights
+from reprogate.predict.combine import fit_weights
 from reprogate.specs import NeighboursConfig
 
 SIZE = 0.8

@@ -29,8 +29,8 @@ import torch
 from learning_curve import FOLDS, ROOT, held_out_log_probs, plan
 from neighbours_cv import SIZE, held_out_vote
 
-from reprogate.pipeline.stages.combine import fit_weights
 from reprogate.predict.calibration import Policy, act_mask, fit_policy, fit_temperature, probabilities
+from reprogate.predict.combine import fit_weights
 from reprogate.specs import GateSpec, ModelSpec, load_spec
 
 CONFIDENCES = (0.0, 0.8, 0.9, 0.95, 0.99)

@@ -17,9 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from reprogate.data.prepare import prepare
 from reprogate.data.prepared import texts
-from reprogate.pipeline.stages import train
-from reprogate.pipeline.stages.prepare import prepare
+from reprogate.train import job
 from reprogate.train import run as training
 from reprogate.train.plan import measure
 
@@ -37,7 +37,7 @@ def main() -> None:
         prefix="bench-", dir=ROOT / "runs" if (ROOT / "runs").is_dir() else None
     ) as tmp:
         paths = training.Paths.for_model(ROOT, "ngram", work=Path(tmp) / "ngram")
-        m = train.train(ROOT, paths, skip_plan=False, log=lambda s: None)
+        m = job.train(ROOT, paths, training.Setup, skip_plan=False, log=lambda s: None)
     rows.append(
         (
             "ngram full train, wall time (s)",

@@ -106,7 +106,7 @@ TINY_NGRAM = {
 def make_home_project(root: Path) -> Path:
     """A small project of its own: the home-assistant fixture data, pinned and prepared."""
 
-    from reprogate.pipeline.stages.prepare import prepare
+    from reprogate.data.prepare import prepare
 
     shutil.copytree(REPO / "tests" / "fixtures" / "home", root / "raw")
     (root / "params.yaml").write_text(

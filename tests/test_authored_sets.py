@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import yaml
 
+from reprogate.data.prepare import prepare
 from reprogate.pipeline.stages import gate
-from reprogate.pipeline.stages.prepare import prepare
 from reprogate.specs import DataSpec, GateSpec, load_spec
 from reprogate.utils.errors import UserError
 from tests.conftest import REPO, make_home_project

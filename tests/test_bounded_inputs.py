@@ -36,11 +36,14 @@ def _peak(fn) -> tuple[int, Exception | None]:
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
-    from reprogate.pipeline.stages import calibrate, train
+    from reprogate.predict import calibrate
+    from reprogate.train import job
     from reprogate.train import run as training
 
     root = make_home_project(tmp_path_factory.mktemp("bounded"))
-    train.train(root, training.Paths.for_model(root, "tiny"), skip_plan=True, log=lambda s: None)
+    job.train(
+        root, training.Paths.for_model(root, "tiny"), training.Setup, skip_plan=True, log=lambda s: None
+    )
     calibrate.calibrate(root, "tiny", root / "specs" / "gate.yaml")
     return root
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reprogate.pipeline.stages.prepare import prepare
+from reprogate.data.prepare import prepare
 from reprogate.utils.errors import UserError
 from tests.conftest import TINY_NGRAM, make_home_project, run_cli
 

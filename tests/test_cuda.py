@@ -151,7 +151,7 @@ def _predictions(folder: Path) -> dict[tuple[str, str], tuple[str, str, float]]:
 def test_frozen_features_on_cuda_match_the_cpu_ones(project):
     from safetensors.torch import load_file
 
-    from reprogate.pipeline.stages import features
+    from reprogate.data import features
 
     write_model_spec(project, "frozen_gpu", _encoder("frozen", {"layers": 2, "normalize": True}))
     write_model_spec(

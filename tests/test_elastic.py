@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from reprogate.pipeline.stages import resume_check
+from reprogate.train import resume_check
 from reprogate.utils.pause import PAUSE_ENV, PAUSE_RANK_ENV, PIDS_ENV
 from tests.conftest import TINY_NGRAM, make_home_project, write_model_spec
 

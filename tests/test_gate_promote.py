@@ -10,7 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reprogate.pipeline.stages import calibrate, gate
+from reprogate.pipeline.kinds import CLASSIFIER
+from reprogate.pipeline.stages import gate
+from reprogate.predict import calibrate
 from reprogate.predict.calibration import (
     TEMPERATURE_RANGE,
     Policy,
@@ -173,12 +175,12 @@ def test_candidate_worse_than_production_beyond_its_interval_fails():
     prod = {"model": "old", "model_version": "old@1", "heldout_accuracy": 0.95}
     rules = {
         r["rule"]: r
-        for r in gate.judge("new", _eval(0.93, 0.0), {"passed": True}, GateSpec(kind="gate"), prod)
+        for r in CLASSIFIER.judge(_eval(0.93, 0.0), {"passed": True}, GateSpec(kind="gate"), prod)
     }
     assert rules["not_worse_than_production"]["verdict"] == "fail"  # 0.94 (upper end) < 0.95
     rules = {
         r["rule"]: r
-        for r in gate.judge("new", _eval(0.945, 0.0), {"passed": True}, GateSpec(kind="gate"), prod)
+        for r in CLASSIFIER.judge(_eval(0.945, 0.0), {"passed": True}, GateSpec(kind="gate"), prod)
     }
     assert rules["not_worse_than_production"]["verdict"] == "pass"  # within the interval
 
@@ -192,14 +194,14 @@ def test_production_measured_on_other_heldout_data_is_not_compared():
     }
     ev = _eval(0.93, 0.0)
     ev["sets"]["test"]["data_sha256"] = "b" * 64
-    rule = {r["rule"]: r for r in gate.judge("new", ev, {"passed": True}, GateSpec(kind="gate"), prod)}[
+    rule = {r["rule"]: r for r in CLASSIFIER.judge(ev, {"passed": True}, GateSpec(kind="gate"), prod)}[
         "not_worse_than_production"
     ]
     # Higher accuracy, but on another test set: a failed rule that says why and what to do.
     assert rule["verdict"] == "fail"
     assert "another held-out set" in rule["note"] and "compare_to_production.enabled" in rule["note"]
     ev["sets"]["test"]["data_sha256"] = "a" * 64
-    rules = {r["rule"]: r for r in gate.judge("new", ev, {"passed": True}, GateSpec(kind="gate"), prod)}
+    rules = {r["rule"]: r for r in CLASSIFIER.judge(ev, {"passed": True}, GateSpec(kind="gate"), prod)}
     assert rules["not_worse_than_production"]["verdict"] == "pass"
 
 
@@ -258,11 +260,13 @@ def test_a_small_calibration_set_is_said_to_give_estimates_not_bounds():
 
 
 def test_what_a_calibration_cannot_promise_is_kept_with_it(tmp_path):
-    from reprogate.pipeline.stages import train
+    from reprogate.train import job
 
     root = make_home_project(tmp_path)
     (root / "specs" / "gate.yaml").write_text("kind: gate\npolicy_fit: {confidence: 0.9}\n")
-    train.train(root, training.Paths.for_model(root, "tiny"), skip_plan=True, log=lambda s: None)
+    job.train(
+        root, training.Paths.for_model(root, "tiny"), training.Setup, skip_plan=True, log=lambda s: None
+    )
     said = calibrate.calibrate(root, "tiny", root / "specs" / "gate.yaml")
     stored = json.loads((root / "models/tiny/calibration.json").read_text())
     # 15 oos_val queries cannot bound a 1% rate: said on the run and kept in the file, where a
@@ -272,7 +276,7 @@ def test_what_a_calibration_cannot_promise_is_kept_with_it(tmp_path):
 
 
 def test_failed_resume_check_or_missing_metrics_fail_the_gate(tmp_path):
-    rules = {r["rule"]: r["verdict"] for r in gate.judge("m", None, None, GateSpec(kind="gate"), None)}
+    rules = {r["rule"]: r["verdict"] for r in CLASSIFIER.judge(None, None, GateSpec(kind="gate"), None)}
     assert rules["heldout_accuracy"] == "fail" and rules["resume_equivalence"] == "fail"
     # A candidate listed in params.yaml whose stages never ran (dvc.yaml not recompiled) is a
     # recorded failure that says why, not a crash.
@@ -365,7 +369,7 @@ def test_a_model_that_acts_on_nothing_fails_the_coverage_floor():
     idle = _eval(0.95, fp=0.0, wrong=0.0)
     idle["sets"]["test"]["coverage"] = 0.0
     floor = GateSpec(kind="gate", thresholds={"coverage_min": 0.5})
-    rules = {r["rule"]: r for r in gate.judge("idle", idle, {"passed": True}, floor, None)}
+    rules = {r["rule"]: r for r in CLASSIFIER.judge(idle, {"passed": True}, floor, None)}
     assert rules["wrong_action_rate"]["verdict"] == "pass"
     assert rules["coverage"] == {
         "rule": "coverage",
@@ -376,15 +380,15 @@ def test_a_model_that_acts_on_nothing_fails_the_coverage_floor():
         "note": "in-scope test queries acted on",
     }
     idle["sets"]["test"]["coverage"] = 0.84
-    assert {r["rule"]: r for r in gate.judge("m", idle, {"passed": True}, floor, None)}["coverage"][
+    assert {r["rule"]: r for r in CLASSIFIER.judge(idle, {"passed": True}, floor, None)}["coverage"][
         "verdict"
     ] == "pass"
-    unset = {r["rule"]: r for r in gate.judge("m", idle, {"passed": True}, GateSpec(kind="gate"), None)}
+    unset = {r["rule"]: r for r in CLASSIFIER.judge(idle, {"passed": True}, GateSpec(kind="gate"), None)}
     assert unset["coverage"]["verdict"] == "n/a" and "coverage_min" in unset["coverage"]["note"]
 
 
 def test_ensemble_weights_are_fitted_only_where_the_calibration_data_can_weigh_the_members():
-    from reprogate.pipeline.stages import combine
+    from reprogate.predict import combine
 
     rng = np.random.default_rng(1)
     gold = torch.from_numpy(rng.integers(0, 5, 200))

@@ -17,8 +17,8 @@ import yaml
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from reprogate.pipeline.stages import resume_check
 from reprogate.specs import ModelSpec, load_spec
+from reprogate.train import resume_check
 from tests.conftest import BIN, NO_AVX512, REPO, as_another_machine, copy_project, git_cmd, run_cli
 
 FIXTURE = REPO / "tests" / "fixtures" / "lm" / "corpus.txt"

@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from reprogate.lm import corpus
 from reprogate.lm import scoring as lm_eval
 from reprogate.models.causal_lm import CausalLm
-from reprogate.pipeline.stages import corpus
 from reprogate.specs import ModelSpec, TextSpec, load_spec
 from reprogate.specs.lm import CausalLmConfig, PlanSpec
 from reprogate.train import plan as plan_mod

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reprogate.data.fetch import mirror_dirs
-from reprogate.pipeline.stages.prepare import normalize, prepare
+from reprogate.data.prepare import normalize, prepare
 from reprogate.specs import Normalization
 from reprogate.utils.errors import UserError
 from reprogate.utils.text import canonical

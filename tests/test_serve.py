@@ -25,8 +25,9 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reprogate.pipeline.stages import calibrate, combine, train
+from reprogate.predict import calibrate, combine
 from reprogate.serve.app import MAX_BATCH, MAX_BODY_BYTES, MAX_TEXT_CHARS, create_app
+from reprogate.train import job
 from reprogate.train import run as training
 from reprogate.train.folder import model_version
 from reprogate.utils.errors import UserError
@@ -51,7 +52,9 @@ def project(tmp_path_factory) -> Path:
     root = make_home_project(tmp_path_factory.mktemp("serve"))
     write_model_spec(root, "tiny2", dict(TINY_NGRAM, seed=11, ngram={"buckets": 2048, "dim": 8}))
     for name in ("tiny", "tiny2"):
-        train.train(root, training.Paths.for_model(root, name), skip_plan=True, log=lambda s: None)
+        job.train(
+            root, training.Paths.for_model(root, name), training.Setup, skip_plan=True, log=lambda s: None
+        )
         calibrate.calibrate(root, name, root / "specs" / "gate.yaml")
     _promote_by_hand(root, "tiny")
     return root
@@ -257,7 +260,9 @@ def _duo_project(tmp_path: Path) -> Path:
                       "ensemble": {"members": ["tiny", "tiny2"]}},
     )  # fmt: skip
     for name in ("tiny", "tiny2"):
-        train.train(root, training.Paths.for_model(root, name), skip_plan=True, log=lambda s: None)
+        job.train(
+            root, training.Paths.for_model(root, name), training.Setup, skip_plan=True, log=lambda s: None
+        )
         calibrate.calibrate(root, name, root / "specs" / "gate.yaml")
     combine.combine(root, "duo")
     calibrate.calibrate(root, "duo", root / "specs" / "gate.yaml")
@@ -274,7 +279,9 @@ def test_production_is_served_only_from_the_promoted_files(tmp_path):
 
     # A member retrained after the ensemble was combined: the ensemble refuses to score.
     write_model_spec(root, "tiny2", dict(TINY_NGRAM, seed=12, ngram={"buckets": 2048, "dim": 8}))
-    train.train(root, training.Paths.for_model(root, "tiny2"), skip_plan=True, log=lambda s: None)
+    job.train(
+        root, training.Paths.for_model(root, "tiny2"), training.Setup, skip_plan=True, log=lambda s: None
+    )
     calibrate.calibrate(root, "tiny2", root / "specs" / "gate.yaml")
     with pytest.raises(UserError, match=r"combined from other versions of tiny2 .* combine@duo"):
         Scorer(root, "duo")
@@ -283,7 +290,9 @@ def test_production_is_served_only_from_the_promoted_files(tmp_path):
     # unless asked for by path.
     promoted = model_version(root / "models" / "tiny")
     write_model_spec(root, "tiny", dict(TINY_NGRAM, seed=4))
-    train.train(root, training.Paths.for_model(root, "tiny"), skip_plan=True, log=lambda s: None)
+    job.train(
+        root, training.Paths.for_model(root, "tiny"), training.Setup, skip_plan=True, log=lambda s: None
+    )
     calibrate.calibrate(root, "tiny", root / "specs" / "gate.yaml")
     with pytest.raises(UserError, match=rf"pins {promoted}, but .*retrained since.*--model models/tiny"):
         load_servable(root)
@@ -531,7 +540,9 @@ def test_production_outlives_a_retrain_and_a_revert_brings_the_old_model_back(tm
     # A member and the ensemble retrained and recombined in the workspace: production still
     # answers, from the promoted files, exactly as before.
     write_model_spec(root, "tiny", dict(TINY_NGRAM, seed=4))
-    train.train(root, training.Paths.for_model(root, "tiny"), skip_plan=True, log=lambda s: None)
+    job.train(
+        root, training.Paths.for_model(root, "tiny"), training.Setup, skip_plan=True, log=lambda s: None
+    )
     calibrate.calibrate(root, "tiny", root / "specs" / "gate.yaml")
     combine.combine(root, "duo")
     calibrate.calibrate(root, "duo", root / "specs" / "gate.yaml")
@@ -652,7 +663,9 @@ def test_an_ensemble_with_a_neighbour_vote_answers_as_it_was_evaluated(tmp_path)
                        "ensemble": {"members": ["tiny", "frozen"], "neighbours": near}},
     )  # fmt: skip
     for name in ("tiny", "frozen"):
-        train.train(root, training.Paths.for_model(root, name), skip_plan=True, log=lambda s: None)
+        job.train(
+            root, training.Paths.for_model(root, name), training.Setup, skip_plan=True, log=lambda s: None
+        )
         calibrate.calibrate(root, name, root / "specs" / "gate.yaml")
     fitted = combine.combine(root, "near")
     calibrate.calibrate(root, "near", root / "specs" / "gate.yaml")
@@ -698,7 +711,7 @@ def test_a_model_trained_on_a_device_this_host_lacks_is_rescored_where_the_user_
     # change: calibrate refuses and says how to score it here without retraining it; with
     # REPROGATE_SCORE_DEVICE=cpu it runs on the CPU, answers as the same weights do, and
     # eval.json says where it was scored.
-    from reprogate.pipeline.stages import evaluate
+    from reprogate.predict import evaluate
     from reprogate.runtime.device import SCORE_DEVICE_ENV
 
     if torch.backends.mps.is_available():
@@ -805,7 +818,9 @@ def test_fifty_hot_reloads_keep_the_servers_memory_flat(tmp_path):
     duo = {"kind": "model", "data": "specs/data/home.yaml", "family": "ensemble"}
     write_model_spec(root, "duo", dict(duo, ensemble={"members": ["tiny", "frozen"]}))  # as production
     for name in ("tiny", "frozen"):
-        train.train(root, training.Paths.for_model(root, name), skip_plan=True, log=lambda s: None)
+        job.train(
+            root, training.Paths.for_model(root, name), training.Setup, skip_plan=True, log=lambda s: None
+        )
         calibrate.calibrate(root, name, root / "specs" / "gate.yaml")
     combine.combine(root, "duo")
     calibrate.calibrate(root, "duo", root / "specs" / "gate.yaml")

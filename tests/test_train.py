@@ -12,9 +12,8 @@ import torch
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from reprogate.pipeline.stages import resume_check, train
 from reprogate.records import runlog
-from reprogate.train import checkpoint
+from reprogate.train import checkpoint, job, resume_check
 from reprogate.train import run as training
 from reprogate.train.trainer import EpochSampler
 from reprogate.utils.errors import UserError
@@ -279,7 +278,7 @@ def test_a_run_over_its_budget_stops_checkpointed_and_resumes_once_the_budget_is
     spec = write_model_spec(project, "capped", dict(TINY_NGRAM, budget=budget))
     paths = training.Paths.for_model(project, "capped", spec, work=work)
     with pytest.raises(UserError) as stopped:
-        train.train(project, paths, skip_plan=True, log=lambda msg: None)
+        job.train(project, paths, training.Setup, skip_plan=True, log=lambda msg: None)
     msg = str(stopped.value)
     assert "capped.yaml: training stopped at update 1 of 12" in msg and said in msg
     assert "resumes from it" in msg
@@ -287,7 +286,7 @@ def test_a_run_over_its_budget_stops_checkpointed_and_resumes_once_the_budget_is
 
     write_model_spec(project, "capped", dict(TINY_NGRAM, budget={"max_minutes": 60, "max_memory_gb": 8}))
     said_on_resume: list[str] = []
-    m = train.train(project, paths, skip_plan=True, log=said_on_resume.append)
+    m = job.train(project, paths, training.Setup, skip_plan=True, log=said_on_resume.append)
     assert m["resumed_from_step"] == 1 and m["steps"] == 12
     fields = resume_check.compare(reference, resume_check.final_checkpoint(work), tolerance=0.0)
     assert {k: f["verdict"] for k, f in fields.items()} == {k: "pass" for k in fields}
@@ -349,8 +348,8 @@ def test_encoder_resumes_bitwise_identically(project, mode, pooling):
 
 
 def test_frozen_features_are_computed_once(project, monkeypatch):
+    from reprogate.data import features
     from reprogate.models.encoder import EmbeddingFeaturizer
-    from reprogate.pipeline.stages import features
 
     write_model_spec(project, "enc_cached", _encoder_spec("frozen"))
     summary = features.featurize(project, "enc_cached")

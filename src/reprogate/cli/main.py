@@ -13,7 +13,7 @@ from pathlib import Path
 
 from reprogate.cli import args as cli_args
 from reprogate.cli import lm as cli_lm
-from reprogate.pipeline.stages import NAMES
+from reprogate.pipeline.runner import NAMES
 from reprogate.pipeline.verify import DEFAULT_TOLERANCE
 from reprogate.registry import command as registry
 from reprogate.runtime.device import DEVICES
@@ -68,7 +68,7 @@ def _compile(args: argparse.Namespace) -> int:
 
 
 def _stage(args: argparse.Namespace) -> int:
-    from reprogate.pipeline import stages
+    from reprogate.pipeline import runner
     from reprogate.pipeline.context import Context
 
     opt = lambda v: Path(v) if v else None  # noqa: E731
@@ -80,7 +80,7 @@ def _stage(args: argparse.Namespace) -> int:
         opt(args.work_dir),
         args.skip_plan,
     )
-    said = stages.run(args.name, ctx).summary
+    said = runner.run(args.name, ctx).summary
     if said:  # empty from training ranks other than 0, and from their launcher
         print(said)
     return 0

@@ -14,14 +14,15 @@ import hashlib
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 from safetensors.torch import load_file
 
 from reprogate.lm import scoring as lm_eval
 from reprogate.lm import tokenizer as lm_tokenizer
 from reprogate.models.causal_lm import CausalLm
-from reprogate.records import Fingerprint, ModelConfig, load
-from reprogate.records.lm import TokenRecord
+from reprogate.records import Fingerprint, ModelConfig, load, write
+from reprogate.records.lm import LmTrainRecord, TokenRecord
 from reprogate.runtime.device import configure_mps_env, environment, seed_everything, select_device
 from reprogate.specs import ModelSpec, PlanSpec, load_spec, speed_fields, training_hash
 from reprogate.train.folder import clear, write_folder
@@ -35,7 +36,6 @@ from reprogate.utils.hashing import sha256_file
 # A stand-in length while measuring: long enough that warm-up never ends, and an update costs
 # the same whatever its learning rate.
 PLANNING_STEPS = 1_000_000
-LM_FILES = ("model.safetensors", "config.json", "fingerprint.json", "assets")
 
 
 def speed_key(spec: ModelSpec) -> str:
@@ -137,6 +137,39 @@ class LmSetup:
     def eval_steps(self) -> set[int]:
         k = self.spec.causal_lm.eval_points
         return {max(1, round(self.total_steps * i / k)) for i in range(1, k + 1)}
+
+    def callbacks(self) -> tuple:
+        # Validation points before the checkpoint: the checkpoint of that update holds them.
+        return (ValidationPoints(self),)
+
+    def finish(self, trainer: Trainer, fingerprint: Fingerprint) -> dict[str, Any]:
+        """After the fit (rank 0): the model folder, metrics/<m>/train.json and the validation
+        curves, the record as a dict."""
+        export_lm(self.paths.model, self, trainer.model, fingerprint)
+        p, plan = trainer.progress, self.plan
+        record = LmTrainRecord(
+            steps=p.global_step,
+            epochs=p.epoch,
+            windows=len(self.feats),
+            tokens_seen=p.global_step * self.tokens_per_update(),
+            final_loss=p.losses[-1] if p.losses else None,
+            planned_minutes=round(p.global_step * plan.measured.update_s / 60, 3) if plan else None,
+            validation_nats_per_token=p.evals[-1]["nats_per_token"] if p.evals else None,
+        )
+        write(self.paths.metrics / "train.json", record)
+        curve = ["step\ttokens\tseconds\tnats_per_token"]
+        for e in p.evals:
+            # Seconds as planned (step x the plan's measured seconds per update): the same on every
+            # rerun; the seconds this run took are in its run log.
+            secs = f"{e['step'] * plan.measured.update_s:.1f}" if plan else ""
+            curve.append(f"{e['step']}\t{e['tokens']}\t{secs}\t{e['nats_per_token']:.6f}")
+        self.paths.plots.mkdir(parents=True, exist_ok=True)
+        for name in ("validation_by_tokens.tsv", "validation_by_seconds.tsv"):
+            (self.paths.plots / name).write_text("\n".join(curve) + "\n")
+        return record.model_dump(mode="json")
+
+    def telemetry(self, seen: int, loop_s: float) -> dict[str, Any]:
+        return {"tokens_per_s": round(seen * self.spec.causal_lm.context / loop_s, 1)} if loop_s > 0 else {}
 
 
 class ValidationPoints:

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from reprogate.pipeline import stages
+from reprogate.pipeline import runner
 from reprogate.specs import Pipeline, load_pipeline
 from reprogate.specs.reading import read_yaml
 from reprogate.utils import imports, paths
@@ -32,7 +32,7 @@ def code(name: str, root: Path | None = None) -> list[str]:
     """The source files `reprogate stage NAME` runs: its module's import closure, and those of
     the stages it runs as child processes (`RUNS`); relative to `root` (a pipeline in a
     subfolder of the repository, lm/, names them ../src/...)."""
-    runs = (name, *getattr(stages.module(name), "RUNS", ()))
+    runs = (name, *getattr(runner.module(name), "RUNS", ()))
     modules = imports.closure(*(f"reprogate.pipeline.stages.{n}" for n in runs)) - {"reprogate"}
     files = [LOCK, *sorted(imports.source_path(m) for m in modules)]
     if root is None:
@@ -60,13 +60,13 @@ def _items(p: Pipeline, which: str) -> dict[str, dict[str, str]]:
     if which == "ensembles":
         for n, item in items.items():
             members = p.models[n].ensemble.members
-            for i in range(stages.module("combine").MAX_MEMBERS):
+            for i in range(runner.module("combine").MAX_MEMBERS):
                 item[f"m{i + 1}"] = members[min(i, len(members) - 1)]
     return items
 
 
 def stage(name: str, p: Pipeline) -> dict[str, Any] | None:
-    mod = stages.module(name)
+    mod = runner.module(name)
     declared = mod.dvc(p)
     body = {"cmd": f"reprogate stage {name}" + (" ${key}" if mod.PER_MODEL else "")}
     body["deps"] = [*declared.pop("deps"), *code(name, p.root)]
@@ -81,7 +81,7 @@ def stage(name: str, p: Pipeline) -> dict[str, Any] | None:
 
 def render(root: Path) -> str:
     p = load_pipeline(root)
-    out = {name: s for name in stages.PIPELINES[p.kind] if (s := stage(name, p)) is not None}
+    out = {name: s for name in runner.PIPELINES[p.kind] if (s := stage(name, p)) is not None}
     body = yaml.safe_dump({"stages": out}, sort_keys=False, default_flow_style=False, width=100)
     # DVC treats `params: [{file: null}]` as "track every key of this file".
     return HEADER + body.replace(": null", ":")

@@ -11,19 +11,15 @@ A stage is one module under stages/ with `PER_MODEL`, `dvc(pipeline)` and `run(c
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from reprogate.records import Record
+from reprogate.utils.console import say
 
 PerModel = Literal["all", "trained", "ensembles"] | None
-
-
-def _say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -36,7 +32,7 @@ class Context:
     run_dir: Path | None = None  # train: checkpoints elsewhere than runs/<m>/
     work_dir: Path | None = None  # train: everything of this run in one folder
     skip_plan: bool = False  # train: no measured projection before training
-    log: Callable[[str], None] = field(default=_say)
+    log: Callable[[str], None] = field(default=say)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Wall time, throughput, peak memory, the measured projection, whether the run resumed: these
 change every time the same inputs are run again, so in a DVC metric file they made every
 reproduction a change to commit (and `dvc.lock` churn). Each run of a stage appends one
-RunLogEntry line to logs/<stage>.jsonl instead (`stages.run` does, for every stage: its wall
+RunLogEntry line to logs/<stage>.jsonl instead (`runner.run` does, for every stage: its wall
 time and peak memory, and whatever else the stage measured): git-ignored, never a DVC output
 (DVC neither deletes nor caches it), read by people and by the run registry. A stage restored
 from DVC's cache did not run, and logs nothing.

@@ -35,8 +35,6 @@ from reprogate.utils.errors import UserError, first_problem, read_json
 from reprogate.utils.hashing import sha256_file
 from reprogate.utils.text import canonical
 
-TRAIN_FILES = ("model.safetensors", "config.json", "labels.json", "fingerprint.json", "assets")
-
 
 def damaged(model_dir: Path) -> str:
     """The fix for a model folder with a missing or damaged file."""
@@ -58,7 +56,7 @@ def clear(out: Path) -> Path:
     """models/<m>/ without the files a training run writes (calibration.json stays), and an
     empty assets/ to fill."""
     out.mkdir(parents=True, exist_ok=True)
-    for name in TRAIN_FILES:
+    for name in paths.TRAIN_FILES:
         old = out / name
         if old.is_dir():
             shutil.rmtree(old)

@@ -19,6 +19,7 @@ import torch
 from reprogate import models
 from reprogate.data.prepared import gold_indices, load_train_data, rows, split_features
 from reprogate.models.base import OnDevice, concat, predict_logits
+from reprogate.records import Fingerprint, TrainRecord, write
 from reprogate.runtime.device import (
     configure_mps_env,
     environment,
@@ -27,6 +28,7 @@ from reprogate.runtime.device import (
     select_device,
 )
 from reprogate.specs import DataSpec, ModelSpec, load_spec, training_hash
+from reprogate.train.folder import export_trained
 from reprogate.train.objectives import Classification
 from reprogate.train.trainer import Trainer, total_steps
 from reprogate.utils import imports
@@ -192,6 +194,32 @@ class Setup:
             self.spec, self.featurizer, self.feats, labels, len(self.data.labels), self.device
         )
         return Trainer(self.spec, model, objective, self.device, self.total_steps)
+
+    def callbacks(self) -> tuple:
+        """The kind's own trainer callbacks, run before the checkpoint of each update."""
+        return ()
+
+    def finish(self, trainer: Trainer, fingerprint: Fingerprint) -> dict[str, Any]:
+        """After the fit (rank 0): the model folder and metrics/<m>/train.json, the record as a dict."""
+        val_acc = validation_accuracy(self, trainer)
+        export_trained(
+            self.paths.model, self.spec, trainer.model, self.featurizer, self.data.labels, fingerprint
+        )
+        p = trainer.progress
+        record = TrainRecord(
+            steps=p.global_step,
+            epochs=p.epoch,
+            examples=len(self.feats),
+            final_loss=p.losses[-1] if p.losses else None,
+            validation_accuracy=round(val_acc, 4),
+            truncated_texts=self.featurizer.truncated,
+        )
+        write(self.paths.metrics / "train.json", record)
+        return record.model_dump(mode="json", exclude_unset=True)
+
+    def telemetry(self, seen: int, loop_s: float) -> dict[str, Any]:
+        """The kind's own run-log fields beyond what every run reports."""
+        return {}
 
 
 def check_world(paths: Paths, spec: ModelSpec, world: int) -> None:

@@ -20,6 +20,9 @@ FEATURES = Path("data/features")
 CORPUS = Path("data/corpus")
 TOKENS = Path("data/tokens")
 MODELS = Path("models")
+# What a model folder holds (the train stage's outputs; combine writes the same for an ensemble).
+TRAIN_FILES = ("model.safetensors", "config.json", "labels.json", "fingerprint.json", "assets")
+LM_FILES = ("model.safetensors", "config.json", "fingerprint.json", "assets")
 RUNS = Path("runs")
 # Headline numbers only (DVC metrics): what `dvc metrics show` and `dvc metrics diff` print.
 METRICS = Path("metrics")

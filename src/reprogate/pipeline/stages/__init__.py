@@ -1,55 +1,5 @@
-"""The pipeline's stages, in the order DVC runs them: the one registry of their names.
+"""The pipeline's stages, one module each: a declaration (PER_MODEL, dvc()) and run().
 
-Each is stages/<name>.py with PER_MODEL, dvc() and run() (see pipeline.py). `reprogate stage
-NAME` imports only that stage's module, so that the code DVC lists as its dependencies (derived
-from its imports by `reprogate compile`) is exactly the code it runs.
+Stages never import each other; what two need lives in a package below. pipeline/runner.py is
+the registry of their names.
 """
-
-from __future__ import annotations
-
-import importlib
-import time
-from types import ModuleType
-
-from reprogate.pipeline.context import Context, Result
-from reprogate.records import runlog
-from reprogate.runtime import numerics
-from reprogate.utils import paths
-from reprogate.utils.errors import UserError
-
-# Each pipeline's stages, by the kind of its data spec (specs.Pipeline.kind): labelled rows for
-# classifiers, a text corpus for language models (lm/params.yaml). train, resume_check and
-# gate serve both; the others belong to one.
-PIPELINES = {
-    "classify": ("prepare", "features", "train", "combine", "calibrate", "evaluate", "resume_check", "gate"),
-    "lm": ("corpus", "tokenize", "train", "lm_evaluate", "resume_check", "gate"),
-}
-NAMES = tuple(dict.fromkeys(n for names in PIPELINES.values() for n in names))
-
-
-def module(name: str) -> ModuleType:
-    if name not in NAMES:
-        raise UserError(f"unknown stage '{name}'; stages are {', '.join(NAMES)}")
-    return importlib.import_module(f"{__name__}.{name}")
-
-
-def run(name: str, ctx: Context) -> Result:
-    """Run one stage: its Result ends with the stage's one-line summary, and the run's
-    telemetry is a line of its run log (a training rank other than 0, or the launcher of the
-    ranks, says nothing: rank 0 speaks for the run)."""
-    stage = module(name)
-    if stage.PER_MODEL and not ctx.model:
-        raise UserError(f"stage {name} needs a model name, e.g. `reprogate stage {name} ngram`.")
-    numerics.check(ctx.root)  # the pin is in force, or the stage refuses before any work
-    started = time.perf_counter()
-    result = stage.run(ctx)
-    if result.summary:
-        address = f"{name}@{ctx.model}" if ctx.model else name
-        # A run in a folder of its own (resume_check's children, tests) logs there.
-        log = ctx.work_dir / "run.jsonl" if ctx.work_dir else ctx.root / paths.run_log(address)
-        measured = {
-            "wall_s": round(time.perf_counter() - started, 2),
-            "peak_rss_gb": round(runlog.peak_rss_gb(), 3),
-        }
-        runlog.append(ctx.root, log, address, measured | result.telemetry)
-    return result

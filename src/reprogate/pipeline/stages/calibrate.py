@@ -11,26 +11,11 @@ The test set and the evaluation-only sets are never read here.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
-from reprogate.data.prepared import gold_indices, rows
 from reprogate.pipeline.context import Context, Result
-from reprogate.predict.calibration import (
-    TEMPERATURE_RANGE,
-    ece,
-    fit_policy,
-    fit_temperature,
-    probabilities,
-    rows_to_certify,
-    separable,
-)
-from reprogate.records import CalibrationRecord, write
-from reprogate.specs import DataSpec, GateSpec, Pipeline, load_pipeline, load_spec
-from reprogate.train.folder import TRAIN_FILES, Scorer
+from reprogate.specs import Pipeline, load_pipeline
+from reprogate.utils.paths import TRAIN_FILES
 
 PER_MODEL = "all"
 NUMERIC = True  # its outputs are floats: it reruns when params.yaml's numerics change
@@ -46,109 +31,8 @@ def dvc(p: Pipeline) -> dict[str, Any]:
     }
 
 
-def calibrate(root: Path, name: str, gate_path: Path) -> dict[str, Any]:
-    scorer = Scorer(root, name)
-    data = load_spec(root / scorer.spec.data, DataSpec)
-    gate = load_spec(gate_path, GateSpec)
-    gold = gold_indices(rows(root, "calibration"), scorer.labels)
-    logits = scorer.split_logits("calibration")
-    temperature = fit_temperature(logits, torch.from_numpy(gold))
-    before, after = probabilities(logits), probabilities(logits, temperature)
-    sets = data.prepared_sets().items()
-    oos_sets = [n for n, (kind, use) in sets if kind == "out_of_scope" and use == "calibrate"]
-    oos = [probabilities(scorer.split_logits(n), temperature) for n in oos_sets]
-    oos_probs = np.concatenate(oos) if oos else np.zeros((0, len(scorer.labels)))
-    limits = gate.thresholds
-    policy = fit_policy(
-        after,
-        gold,
-        oos_probs,
-        scorer.oos_index,
-        limits.wrong_action_rate_max,
-        limits.false_positive_action_rate_max,
-        gate.policy_fit.confidence,
-    )
-    nll = lambda p: float(-np.log(np.clip(p[np.arange(len(gold)), gold], 1e-12, None)).mean())  # noqa: E731
-    result = {
-        "temperature": temperature,
-        "policy": {"threshold": policy["threshold"], "margin": policy["margin"]},
-        "fitted_on": {
-            "calibration_rows": len(gold),
-            "out_of_scope_sets": oos_sets,
-            "out_of_scope_rows": len(oos_probs),
-        },
-        "limits": {
-            "wrong_action_rate_max": limits.wrong_action_rate_max,
-            "false_positive_action_rate_max": limits.false_positive_action_rate_max,
-            "bound_confidence": policy.pop("bound_confidence"),
-        },
-        "on_calibration_data": {
-            "nll_before": nll(before),
-            "nll_after": nll(after),
-            "ece_before": ece(before, gold)[0],
-            "ece_after": ece(after, gold)[0],
-            **{k: v for k, v in policy.items() if k not in ("threshold", "margin")},
-        },
-    }
-    all_right = separable(logits, torch.from_numpy(gold))
-    # Kept with the fit, so whoever reads the model's calibration (or promotes it) sees them too.
-    result["warnings"] = warnings(result, gate.policy_fit.confidence, scorer.spec.data, all_right)
-    write(scorer.dir / "calibration.json", CalibrationRecord.model_validate(result))
-    return result
-
-
-def warnings(r: dict[str, Any], confidence: float, data_spec: str, all_right: bool) -> list[str]:
-    """What a fit on this data cannot promise. Said on every run, because a limit held only on a
-    small sample is an estimate, not a guarantee, and a temperature at its bound is no estimate."""
-    out = []
-    t, n = r["temperature"], r["fitted_on"]["calibration_rows"]
-    if all_right:
-        out.append(
-            f"the model got all {n} calibration queries right, so they cannot say how confident it "
-            "should be: the temperature stays 1.0 (no scaling), and a probability near 1 is not "
-            f"evidence; add calibration data (split.calibration in {data_spec})"
-        )
-    elif t <= TEMPERATURE_RANGE[0] or t >= TEMPERATURE_RANGE[1]:
-        low = t <= TEMPERATURE_RANGE[0]
-        out.append(
-            f"the temperature stopped at its bound {t:g}: the {n} calibration queries cannot tell how "
-            + (
-                "far to sharpen this model (it got almost all of them right by wide margins), so its "
-                "probabilities will be overconfident on new queries"
-                if low
-                else "far to soften this model, so its probabilities will be underconfident"
-            )
-            + f"; add calibration data (split.calibration in {data_spec})"
-        )
-    bounded, n_oos = r["limits"]["bound_confidence"], r["fitted_on"]["out_of_scope_rows"]
-    if confidence > 0 and bounded["wrong_action_rate"] == 0:
-        need = rows_to_certify(r["limits"]["wrong_action_rate_max"], confidence)
-        out.append(
-            f"the wrong-action limit holds for the rate seen on {n} calibration queries, too few for a "
-            f"{confidence:.0%} confidence bound (at least {need} are needed: raise split.calibration in "
-            f"{data_spec})"
-        )
-    if n_oos == 0:
-        out.append("no out-of-scope set has use: calibrate, so the false-positive limit was not fitted")
-    elif confidence > 0 and bounded["false_positive_action_rate"] == 0:
-        out.append(
-            f"the false-positive limit holds for the rate seen on {n_oos} out-of-scope queries, too few "
-            "for a confidence bound (add out-of-scope queries with use: calibrate to get one)"
-        )
-    return out
-
-
-def summary(name: str, r: dict[str, Any]) -> str:
-    c = r["on_calibration_data"]
-    line = (
-        f"calibrate: {name}: temperature {r['temperature']:.3f}, ECE {c['ece_before']:.4f} -> "
-        # .6g: a threshold of 0.99986 printed as 1.000 would read as "never acts".
-        f"{c['ece_after']:.4f}; act when p >= {r['policy']['threshold']:.6g} and margin >= "
-        f"{r['policy']['margin']:.6g} (coverage {c['coverage']:.3f} on calibration data)"
-    )
-    return "; ".join([line, *r.get("warnings", [])])
-
-
 def run(ctx: Context) -> Result:
+    from reprogate.predict.calibrate import calibrate, summary
+
     gate = ctx.root / load_pipeline(ctx.root).gate
     return Result(summary(ctx.model, calibrate(ctx.root, ctx.model, gate)))

@@ -7,21 +7,11 @@ calibrate@e, evaluate@e and the gate treat it like any other candidate.
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
 from typing import Any
 
-import torch
-
-from reprogate.data.prepared import gold_indices, rows, splits, write_features
-from reprogate.models.ensemble import EnsembleCombiner, EnsembleFeaturizer, Neighbours
 from reprogate.pipeline.context import Context, Result
-from reprogate.predict.calibration import separable
-from reprogate.records import CombineRecord, write
-from reprogate.specs import OOS_LABEL, ModelSpec, Pipeline, load_spec
-from reprogate.train.folder import TRAIN_FILES, Scorer, damaged, export_ensemble
-from reprogate.utils import paths
-from reprogate.utils.errors import UserError, read_json
+from reprogate.specs import Pipeline
+from reprogate.utils.paths import TRAIN_FILES
 
 PER_MODEL = "ensembles"
 NUMERIC = True  # its outputs are floats: it reruns when params.yaml's numerics change
@@ -42,117 +32,7 @@ def dvc(p: Pipeline) -> dict[str, Any]:
     }
 
 
-def fit_weights(logp: torch.Tensor, gold: torch.Tensor, k: int) -> tuple[EnsembleCombiner, bool]:
-    """Weights minimising the calibration NLL, and whether they could be fitted. When the fitted
-    combination gets every calibration row right, scaling it up keeps lowering the NLL: there is
-    no minimum. The direction still says which members separate the classes (it tends to the
-    largest-margin one), the scale says nothing, so the weights are rescaled to sum to 1."""
-    torch.manual_seed(0)
-    model = EnsembleCombiner(k)
-    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=300, line_search_fn="strong_wolfe")
-
-    def closure():
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(logp), gold)
-        loss.backward()
-        return loss
-
-    opt.step(closure)
-    with torch.no_grad():
-        if not separable(model(logp), gold):
-            return model, True
-        model.log_w -= torch.logsumexp(model.log_w, 0)
-    return model, False
-
-
-def neighbours_memory(root: Path, feat: EnsembleFeaturizer, labels: list[str]) -> Neighbours:
-    """The neighbour vote's memory: the frozen member's embeddings of the train partition, and of
-    the negatives (as out of scope) when the members have an out-of-scope class. Never the
-    calibration partition, on which the vote's weight is fitted."""
-    embeddings = feat.member_split("train")
-    gold = torch.from_numpy(gold_indices(rows(root, "train"), labels))
-    if OOS_LABEL in labels:
-        negatives = feat.member_split("negatives")
-        embeddings = torch.cat([embeddings, negatives])
-        gold = torch.cat([gold, torch.full((len(negatives),), labels.index(OOS_LABEL))])
-    return Neighbours.from_features(feat.near, embeddings, gold, len(labels))
-
-
-def _members(root: Path, spec_path: Path, spec: ModelSpec) -> tuple[EnsembleFeaturizer, list[str]]:
-    """The ensemble's featurizer over its calibrated members in models/, and their output labels."""
-    members = spec.ensemble.members
-    for m in members:
-        if not (root / paths.model_dir(m) / "calibration.json").is_file():
-            raise UserError(
-                f"{spec_path}: ensemble member '{m}' has no calibrated model in models/{m}; run "
-                f"`dvc repro calibrate@{m}` (which trains it first if needed), then combine again."
-            )
-    labels = [
-        read_json(root / paths.model_dir(m) / "labels.json", damaged(root / paths.model_dir(m)))
-        for m in members
-    ]
-    if any(lbl != labels[0] for lbl in labels):
-        raise UserError(
-            f"{spec_path}: ensemble.members {members} have different output labels; retrain them "
-            "on the same data spec with the same head.out_of_scope_class."
-        )
-    feat = EnsembleFeaturizer(members, spec.ensemble.neighbours, root / paths.MODELS)
-    feat.load_members = lambda: [Scorer(root, m) for m in members]
-    if feat.near:
-        feat.neighbours = neighbours_memory(root, feat, labels[0])
-    return feat, labels[0]
-
-
-def combine(root: Path, name: str) -> dict[str, Any]:
-    started = time.perf_counter()
-    spec_path = root / paths.model_spec(name)
-    spec = load_spec(spec_path, ModelSpec)
-    feat, labels = _members(root, spec_path, spec)
-    cached: dict[str, torch.Tensor] = {}
-
-    def score(split: str):
-        cached[split] = feat.split(split)
-        return cached[split], {}
-
-    write_features(root, name, feat, splits(root, spec), score)
-
-    gold = torch.from_numpy(gold_indices(rows(root, "calibration"), labels))
-    parts = feat.parts()
-    model, fitted = fit_weights(cached["calibration"], gold, len(parts))
-    with torch.no_grad():
-        nll = float(torch.nn.functional.cross_entropy(model(cached["calibration"]), gold))
-        vgold = gold_indices(rows(root, "validation"), labels)
-        val_acc = float((model(cached["validation"]).argmax(-1).numpy() == vgold).mean())
-        member_acc = {
-            m: float((cached["validation"][:, i].argmax(-1).numpy() == vgold).mean())
-            for i, m in enumerate(parts)
-        }
-    export_ensemble(root / paths.model_dir(name), spec, model, feat, labels)
-    unfitted = {
-        "weights_note": f"the members' combination got all {len(gold)} calibration queries right, so they "
-        "cannot say how sharp the ensemble should be: weights rescaled to sum to 1; add calibration "
-        f"data (split.calibration in {spec.data})"
-    }
-    record = CombineRecord(
-        weights={m: float(w) for m, w in zip(parts, model.weights().detach(), strict=True)},
-        calibration_nll=nll,
-        validation_accuracy=val_acc,
-        member_validation_accuracy=member_acc,
-        **({} if fitted else unfitted),
-    )
-    write(root / paths.metrics_dir(name) / "train.json", record)
-    return {**record.model_dump(mode="json", exclude_unset=True), "wall_s": time.perf_counter() - started}
-
-
-def summary(name: str, m: dict[str, Any]) -> str:
-    w = ", ".join(f"{k} {v:.3f}" for k, v in m["weights"].items())
-    members = ", ".join(f"{k} {v:.4f}" for k, v in m["member_validation_accuracy"].items())
-    line = (
-        f"combine: {name}: weights {w}; validation accuracy {m['validation_accuracy']:.4f} "
-        f"(members: {members}) in {m['wall_s']:.1f} s"
-    )
-    return "; ".join([line, m["weights_note"]]) if "weights_note" in m else line
-
-
 def run(ctx: Context) -> Result:
+    from reprogate.predict.combine import combine, summary
+
     return Result(summary(ctx.model, combine(ctx.root, ctx.model)))
