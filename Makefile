@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: venv repro repro-lm remote test test-home-assistant bench-home-assistant lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy bench-registry bench-engines bench-lm clean
+.PHONY: venv repro repro-lm remote test test-unit test-home-assistant bench-home-assistant lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy bench-registry bench-engines bench-lm clean
 
 # Rebuilt whenever the lock or the project metadata changes. uv installs the lock (the same pins
 # pip would, in seconds instead of minutes); it reads pip's find-links (where this machine keeps
@@ -74,7 +74,14 @@ test: venv
 	reprogate validate specs/
 	reprogate compile --check
 	cd lm && reprogate validate specs/ && reprogate compile --check
-	python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests/unit tests/integration
+
+# The edit loop: lint and the unit tests (specs, layers, rules, units of every package; each test
+# in process or one short command), under 3 minutes. `make test` runs these and the integration
+# tests (real pipelines, ranks, servers, clones).
+test-unit: venv
+	ruff check src tests bench tools custom_components tests_home_assistant
+	python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests/unit
 
 # The custom integration inside real Home Assistant, against a real `reprogate serve` on loopback.
 test-home-assistant: venv $(HA_VENV)/.installed

@@ -27,6 +27,7 @@ BIN = Path(sys.executable).parent
 LONGEST_FIRST = (
     "test_train.py", "test_pipeline_e2e.py", "test_remote.py", "test_promote_crash.py",
     "test_report.py", "test_registry.py", "test_lm.py", "test_promote.py", "test_serve.py",
+    "test_elastic.py", "test_confinement.py", "test_numerics.py",
 )  # fmt: skip
 
 
@@ -224,3 +225,32 @@ def copy_home(home_pipeline: Path, dest: Path) -> Path:
     """A private copy of the built home pipeline (git history, DVC cache and outputs included)."""
     shutil.copytree(home_pipeline, dest, symlinks=True)
     return dest
+
+
+# The language-model fixture corpus (tests/fixtures/lm) and a CI-sized model of it.
+FIXTURE_SHA = "2422657bc7b644b31019286f6c6b795df70af3b05055e2725303c8a4dc8fc40e"
+
+
+TINY_GPT = {
+    "kind": "model",
+    "description": "CI-sized language model",
+    "data": "specs/data/tiny.yaml",
+    "family": "causal_lm",
+    "causal_lm": {
+        "n_layer": 1,
+        "n_head": 2,
+        "d_model": 16,
+        "context": 16,
+        "mlp": "swiglu",
+        "eval_points": 2,
+        "tokenizer": {"kind": "bpe", "vocab_size": 300},
+    },
+    "device": "cpu",
+    "threads": 1,
+    "micro_batch": 8,
+    "optimizer": {"lr": 0.01},
+    "schedule": {"kind": "cosine", "warmup_fraction": 0.1, "min_lr_fraction": 0.1},
+    "checkpoint": {"every_steps": 5, "keep": 2},
+    "budget": {"train_minutes": 0.05, "max_minutes": 2},
+    "resume_check": {"steps": 6, "checkpoint_every": 2, "kill_after": 3},
+}

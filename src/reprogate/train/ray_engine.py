@@ -167,7 +167,9 @@ def _session(spec, spec_path: Path, folder: Path, gpu: bool) -> Iterator[None]:
             raise UserError(
                 f"{spec_path}: field 'ray.address' (or RAY_ADDRESS) is {address!r}, and joining the "
                 f"cluster there failed: {_first_line(e)}. Check the address of its head (`ray status` "
-                "there), or remove it to run on a Ray of this run alone."
+                "there); a cluster with Ray's token authentication also needs RAY_AUTH_MODE=token and "
+                "its RAY_AUTH_TOKEN in this environment. Or remove the address to run on a Ray of "
+                "this run alone."
             ) from None
         try:
             yield

@@ -3,7 +3,7 @@
 The tokenizer is trained (BPE) or read off the corpus (char) here, once, and its time is not
 counted in the training budget. The stage depends only on the corpus and the spec's
 `causal_lm.tokenizer` section, so a change of model shape or learning rate reruns training
-without re-tokenizing. Same corpus and spec -> byte-identical files (tests/test_lm.py).
+without re-tokenizing. Same corpus and spec -> byte-identical files (tests/integration/test_lm.py).
 """
 
 from __future__ import annotations

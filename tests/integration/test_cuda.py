@@ -1,7 +1,7 @@
 """CUDA: the CPU contracts, on a real GPU.
 
 Skipped on machines without CUDA (CI has none); run on a GPU machine with
-`python -m pytest tests/test_cuda.py`. The encoder cases use a 2-layer BERT built from the
+`python -m pytest tests/integration/test_cuda.py`. The encoder cases use a 2-layer BERT built from the
 fixture's words, so that they need no model download and no model package on the GPU host.
 """
 

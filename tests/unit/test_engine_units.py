@@ -176,22 +176,6 @@ def _ray_spec(**fields):
     return ModelSpec.model_validate(dict(TINY_NGRAM, processes=2, executor="ray", **fields))
 
 
-def test_a_ray_rank_failing_past_max_restarts_stops_the_run_with_its_error(tmp_path):
-    from ray import cloudpickle
-
-    from reprogate.train import ray_engine
-    from reprogate.utils.errors import UserError
-
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray's workers cannot import tests/
-    spec = _ray_spec(max_restarts=0)  # restarts themselves are test_elastic's (a worker group takes ~12 s)
-    with pytest.raises(UserError) as e:
-        ray_engine.launch(spec, tmp_path / "m.yaml", tmp_path / "run", _broken_rank, (60.0,))
-    said = str(e.value)
-    assert said.startswith(f"{tmp_path / 'm.yaml'}: Ray Train worker 1 of 2 failed: ")
-    assert "rank 1 broke" in said and "after 0 restart(s)" in said and "Traceback" not in said
-    assert int((tmp_path / "run" / "ray" / "attempts" / "rank1").read_text()) == 1
-
-
 def test_a_ray_address_where_nothing_answers_is_refused_in_bounded_time(tmp_path):
     import socket
     import time as clock

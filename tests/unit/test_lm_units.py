@@ -1,5 +1,5 @@
 """Language models, unit by unit: the corpus split, the tokenizers, the decoder, whole-split
-scoring and the spec rules (the pipeline end to end is tests/test_lm.py)."""
+scoring and the spec rules (the pipeline end to end is tests/integration/test_lm.py)."""
 
 from __future__ import annotations
 
@@ -206,8 +206,7 @@ def test_a_planned_run_may_take_max_slowdown_times_its_plan():
 def test_a_corpus_or_char_vocabulary_past_its_cap_is_refused_before_use(tmp_path):
     import yaml
 
-    from tests.conftest import run_cli
-    from tests.test_lm import FIXTURE_SHA, TINY_GPT
+    from tests.conftest import FIXTURE_SHA, TINY_GPT, run_cli
 
     (tmp_path / "raw").mkdir()
     (tmp_path / "raw" / "corpus.txt").write_bytes(FIXTURE.read_bytes())

@@ -1,6 +1,6 @@
 """The language-model pipeline end to end (`dvc repro` of lm/ in a temporary copy): the committed
 plan, whole-split scoring, resume at any kill point, report and registry, promote, generate and
-serve. Unit by unit: tests/test_lm_units.py."""
+serve. Unit by unit: tests/unit/test_lm_units.py."""
 
 from __future__ import annotations
 
@@ -19,35 +19,19 @@ from hypothesis import strategies as st
 
 from reprogate.specs import ModelSpec, load_spec
 from reprogate.train import resume_check
-from tests.conftest import BIN, NO_AVX512, REPO, as_another_machine, copy_project, git_cmd, run_cli
+from tests.conftest import (
+    BIN,
+    FIXTURE_SHA,
+    NO_AVX512,
+    REPO,
+    TINY_GPT,
+    as_another_machine,
+    copy_project,
+    git_cmd,
+    run_cli,
+)
 
 FIXTURE = REPO / "tests" / "fixtures" / "lm" / "corpus.txt"
-FIXTURE_SHA = "2422657bc7b644b31019286f6c6b795df70af3b05055e2725303c8a4dc8fc40e"
-
-
-TINY_GPT = {
-    "kind": "model",
-    "description": "CI-sized language model",
-    "data": "specs/data/tiny.yaml",
-    "family": "causal_lm",
-    "causal_lm": {
-        "n_layer": 1,
-        "n_head": 2,
-        "d_model": 16,
-        "context": 16,
-        "mlp": "swiglu",
-        "eval_points": 2,
-        "tokenizer": {"kind": "bpe", "vocab_size": 300},
-    },
-    "device": "cpu",
-    "threads": 1,
-    "micro_batch": 8,
-    "optimizer": {"lr": 0.01},
-    "schedule": {"kind": "cosine", "warmup_fraction": 0.1, "min_lr_fraction": 0.1},
-    "checkpoint": {"every_steps": 5, "keep": 2},
-    "budget": {"train_minutes": 0.05, "max_minutes": 2},
-    "resume_check": {"steps": 6, "checkpoint_every": 2, "kill_after": 3},
-}
 
 
 def _dvc(root: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -194,7 +178,7 @@ def test_report_and_registry_read_a_language_models_records(lm_project, tmp_path
     assert sql("SELECT count(*) AS n FROM metrics")[0]["n"] == 2 * (len(curve) - 1)
 
 
-# The kill-point property of tests/test_train.py, for the language model's objective: 8 updates
+# The kill-point property of tests/integration/test_train.py, for the language model's objective: 8 updates
 # of 2 micro-batches, a checkpoint every 3, validation points (the whole split) at 4 and 8.
 LM_EVERY, LM_STEPS = 3, 8
 LM_KILLS = st.one_of(
@@ -280,7 +264,7 @@ def test_promote_generate_and_serve_a_language_model(lm_project):
 
 
 def test_the_numeric_pin_makes_a_language_model_independent_of_the_cpu(lm_project, lm_reference):
-    """tests/test_numerics.py's proof for the language model: the same run on this CPU and on one
+    """tests/integration/test_numerics.py's proof for the language model: the same run on this CPU and on one
     without AVX-512 (as MKL and ATen see it) differs unpinned and is bitwise equal pinned."""
     spec_path, _ = lm_reference
     params = lm_project / "params.yaml"

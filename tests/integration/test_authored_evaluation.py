@@ -1,0 +1,40 @@
+"""What people actually say, measured: evaluate counts each challenge kind's acceptance from its
+own prediction lines, and the gate judges the number evaluate wrote (on the shared built
+pipeline; the sets themselves: tests/unit/test_authored_sets.py)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+from reprogate.utils.jsonl import read_jsonl
+
+
+def test_evaluate_counts_challenge_acceptance_per_kind_from_its_predictions(home_pipeline):
+    ev = json.loads((home_pipeline / "results/tiny/eval.json").read_text())
+    lines = read_jsonl(home_pipeline / "predictions/tiny/challenge.jsonl")
+    assert [x["kind"] for x in lines] == [
+        r["kind"]
+        for r in csv.DictReader(
+            io.StringIO((home_pipeline / "tests/fixtures/home/challenge.csv").read_text())
+        )
+    ]
+    assert all(x["gold"] is None for x in lines)
+    c = ev["sets"]["challenge"]
+    for kind, counts in c["by_kind"].items():
+        acted = sum(x["route"] == "act" for x in lines if x["kind"] == kind)
+        assert counts == {
+            "n": sum(x["kind"] == kind for x in lines),
+            "acted": acted,
+            "action_rate": acted / counts["n"],
+        }
+    assert c["acted"] == sum(x["route"] == "act" for x in lines) and c["n"] == len(lines)
+    # Lines of sets that are not challenge sets carry no kind.
+    assert "kind" not in read_jsonl(home_pipeline / "predictions/tiny/real.jsonl")[0]
+    real = ev["sets"]["real"]
+    right = [x for x in read_jsonl(home_pipeline / "predictions/tiny/real.jsonl")]
+    assert real["wrong_actions"] == sum(x["route"] == "act" and x["gold"] != x["predicted"] for x in right)
+    g = json.loads((home_pipeline / "results/gate.json").read_text())
+    rule = {r["rule"]: r for r in g["candidates"]["tiny"]["rules"]}["challenge_action_rate"]
+    assert rule["value"] == c["action_rate"] and rule["threshold"] == 1.0
