@@ -14,7 +14,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from reprogate.pipeline.stages import calibrate, train  # noqa: E402
+from reprogate.predict import calibrate  # noqa: E402
+from reprogate.train import job  # noqa: E402
 from reprogate.train import run as training  # noqa: E402
 from reprogate.train.folder import model_version  # noqa: E402
 from tests.conftest import TINY_NGRAM, make_home_project, write_model_spec  # noqa: E402
@@ -41,7 +42,9 @@ def main(dest: Path) -> None:
     root = make_home_project(dest)
     for name, spec in SPECS.items():
         write_model_spec(root, name, spec)
-        train.train(root, training.Paths.for_model(root, name), skip_plan=True, log=lambda s: None)
+        job.train(
+            root, training.Paths.for_model(root, name), training.Setup, skip_plan=True, log=lambda s: None
+        )
         calibrate.calibrate(root, name, root / "specs" / "gate.yaml")
     versions = {name: model_version(root / "models" / name) for name in SPECS}
     promote_file(root, "tiny")
