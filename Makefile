@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: venv repro repro-lm remote test test-unit test-home-assistant bench-home-assistant lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy bench-registry bench-engines bench-lm clean
+.PHONY: venv repro repro-lm remote test test-unit test-home-assistant bench-home-assistant lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy bench-registry bench-engines bench-lm bench-serve clean
 
 # Rebuilt whenever the lock or the project metadata changes. uv installs the lock (the same pins
 # pip would, in seconds instead of minutes); it reads pip's find-links (where this machine keeps
@@ -125,6 +125,11 @@ bench-engines: venv
 # the same planned budget, compared on a dev slice of train (~30 min; needs `make repro-lm` first).
 bench-lm: venv
 	python bench/lm_sweep.py
+
+# Serving the torch ensemble against its ONNX exports (float32, int8): latency in-process and over
+# HTTP, q/s at batch 1 and 64 and from 32 concurrent clients, memory, accuracy (needs `make repro`).
+bench-serve: venv
+	python bench/serve_bench.py
 
 # The run registry at 100 runs x 3,000 paired predictions: sync, no-op sync, compare, sizes.
 bench-registry: venv

@@ -106,7 +106,8 @@ def test_promote_refuses_a_dirty_workspace_then_commits_and_tags(home):
     _git(home, "commit", "-qm", "home pipeline results")
     chosen = json.loads((home / "metrics/gate.json").read_text())["chosen"]
     dry = run_cli("promote", "--dry-run", cwd=home, check=True)
-    assert "would write models/production.json" in dry.stdout and f"{chosen}#prod#1" in dry.stdout
+    assert "would write models/production.json" in dry.stdout
+    assert f"commit and tag {chosen}@v0.0.1 and {chosen}#prod#1" in dry.stdout
     assert (home / "models/production.json").read_bytes() == before
     env = {
         "GIT_AUTHOR_NAME": "t",
@@ -115,7 +116,7 @@ def test_promote_refuses_a_dirty_workspace_then_commits_and_tags(home):
         "GIT_COMMITTER_EMAIL": "t@t",
     }
     done = run_cli("promote", cwd=home, env=env, check=True)
-    assert f"tag {chosen}#prod#1" in done.stdout
+    assert f"tags {chosen}@v0.0.1 and {chosen}#prod#1" in done.stdout
     prod = json.loads((home / "models/production.json").read_text())
     assert prod["model"] == chosen and prod["code_commit"] == _git(home, "rev-parse", "HEAD~1").strip()
     assert f"models/{chosen}/model.safetensors" in prod["artifacts"]
@@ -136,8 +137,10 @@ def test_promote_refuses_a_dirty_workspace_then_commits_and_tags(home):
         assert f"- {rule}:" in message
     assert _git(home, "tag", "--list", "*#prod#*").split() == [f"{chosen}#prod#1"]
     assert _git(home, "cat-file", "-t", f"{chosen}#prod#1").strip() == "tag"  # annotated
+    assert _git(home, "tag", "--points-at", "HEAD").split() == [f"{chosen}#prod#1", f"{chosen}@v0.0.1"]
     assert f"are kept in models/.promoted/{prod['model_version']}" in done.stdout
-    assert f"refs/tags/{chosen}#prod#1` publishes the commit with its tag, both or neither" in done.stdout
+    published = f"refs/tags/{chosen}@v0.0.1 refs/tags/{chosen}#prod#1` publishes the commit with its tags"
+    assert published in done.stdout
     history = run_cli("history", cwd=home, check=True).stdout
     assert f"promote {chosen} ({prod['model_version']}) to production  [files kept]" in history
     # The gate reruns against the new production and chooses the same model: promoting it again

@@ -222,12 +222,14 @@ def test_promote_push_publishes_the_commit_and_its_tag_together_or_neither(home_
     theirs = git_cmd(bare, "rev-parse", branch).strip()
 
     done = run_cli("promote", "--push", cwd=root, env=GIT_ID, check=True).stdout
-    assert "refused the push" in done and "nothing was published: neither the commit nor the tag" in done
+    assert "refused the push" in done and "nothing was published: neither the commit nor the tags" in done
     assert git_cmd(bare, "tag", "--list") == "" and git_cmd(bare, "rev-parse", branch).strip() == theirs
-    tag = git_cmd(root, "tag", "--list", "*#prod#*").strip()
-    assert f"git push --atomic origin HEAD:{branch} refs/tags/{tag}" in done
+    stage = git_cmd(root, "tag", "--list", "*#prod#*").strip()
+    version = git_cmd(root, "tag", "--list", "*@v*").strip()
+    assert f"git push --atomic origin HEAD:{branch} refs/tags/{version} refs/tags/{stage}" in done
 
     git_cmd(teammate, "push", "-q", "-f", "origin", f"{theirs}~1:refs/heads/{branch}")  # back
-    git_cmd(root, "push", "-q", "--atomic", "origin", f"HEAD:{branch}", f"refs/tags/{tag}")  # as said
+    refs = (f"refs/tags/{version}", f"refs/tags/{stage}")
+    git_cmd(root, "push", "-q", "--atomic", "origin", f"HEAD:{branch}", *refs)  # as said
     assert git_cmd(bare, "rev-parse", branch) == git_cmd(root, "rev-parse", "HEAD")
-    assert git_cmd(bare, "tag", "--list").strip() == tag
+    assert sorted(git_cmd(bare, "tag", "--list").split()) == sorted([stage, version])

@@ -13,7 +13,8 @@ from reprogate.utils import imports
 # The packages from the bottom: the folder tree is the layer list. A module may import its own
 # package and the packages below it, never one above; `__main__` is the entry point above all.
 PACKAGES = [
-    "utils", "specs", "records", "runtime", "models", "data", "train", "lm", "predict", "pipeline",
+    "utils", "specs", "records", "runtime", "models", "data", "train", "lm", "export", "predict",
+    "pipeline",
     "promote", "registry", "report", "serve", "cli", "__main__",
 ]  # fmt: skip
 MODULES = imports.modules()

@@ -22,6 +22,16 @@ def positive_seconds(value: str) -> float:
     return seconds
 
 
+def wait_ms(value: str) -> float:
+    try:
+        ms = float(value)
+    except ValueError:
+        ms = -1.0
+    if not 0 <= ms <= 1000:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a wait in milliseconds; use e.g. 2 (0 to 1000)")
+    return ms
+
+
 def positive_int(value: str) -> int:
     if not value.isdigit() or int(value) < 1:
         raise argparse.ArgumentTypeError(f"{value!r} is not a positive whole number")

@@ -205,7 +205,7 @@ def _serve(args: argparse.Namespace) -> int:
     from reprogate.serve.limits import Limits
 
     model = Path(args.model) if args.model else None
-    limits = Limits(args.watch_interval, args.header_timeout, args.max_connections)
+    limits = Limits(args.watch_interval, args.header_timeout, args.max_connections, args.batch_wait_ms)
     serve(_project(), args.host, args.port, model, args.device, limits)
     return 0
 
@@ -256,6 +256,12 @@ def _add_serve(sub) -> None:
         type=cli_args.positive_int,
         help="open connections at most; at the cap the oldest one still owing its headers is closed "
         "(default: the open-file limit less 256, at most 4096)",
+    )
+    sv.add_argument(
+        "--batch-wait-ms",
+        type=cli_args.wait_ms,
+        default=2.0,
+        help="how long a query waits for concurrent ones to share one model call (default 2; 0: none)",
     )
     sv.set_defaults(func=_serve)
 

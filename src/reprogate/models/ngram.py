@@ -1,13 +1,8 @@
-"""Family `ngram`: hashed word and character n-grams -> EmbeddingBag -> linear head.
-
-Hashing uses CRC32 (stable across processes and machines; Python's hash() is salted), so
-the same text always maps to the same buckets and a saved model needs no vocabulary file.
-"""
+"""Family `ngram`: hashed word and character n-grams (utils/ngrams.py) -> EmbeddingBag ->
+linear head."""
 
 from __future__ import annotations
 
-import re
-import zlib
 from pathlib import Path
 
 import torch
@@ -15,8 +10,7 @@ from torch import nn
 
 from reprogate.models.base import ragged_to_tensors, tensors_to_ragged
 from reprogate.specs import ModelSpec
-
-_TOKEN = re.compile(r"\w+|[^\w\s]")
+from reprogate.utils.ngrams import ngram_ids
 
 
 class NgramFeaturizer:
@@ -26,21 +20,7 @@ class NgramFeaturizer:
         self.word, self.char, self.buckets = tuple(word), tuple(char), buckets
 
     def ids(self, text: str) -> list[int]:
-        words = _TOKEN.findall(text.casefold())
-        grams = [
-            "w" + " ".join(words[i : i + n])
-            for n in range(self.word[0], self.word[1] + 1)
-            for i in range(len(words) - n + 1)
-        ]
-        for w in words:
-            padded = f"<{w}>"
-            grams += [
-                "c" + padded[i : i + n]
-                for n in range(self.char[0], self.char[1] + 1)
-                for i in range(len(padded) - n + 1)
-            ]
-        # Bucket 0 is kept for texts with no n-gram at all, so every bag is non-empty.
-        return [1 + zlib.crc32(g.encode()) % (self.buckets - 1) for g in grams] or [0]
+        return ngram_ids(text, self.word, self.char, self.buckets)
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         return [self.ids(t) for t in texts]

@@ -16,6 +16,7 @@ import yaml
 
 from reprogate.pipeline import runner
 from reprogate.specs import Pipeline, load_pipeline
+from reprogate.specs.model import BUILT
 from reprogate.specs.reading import read_yaml
 from reprogate.utils import imports, paths
 from reprogate.utils.errors import UserError
@@ -45,23 +46,47 @@ def code(name: str, root: Path | None = None) -> list[str]:
     return [Path(os.path.relpath(repo / f, root)).as_posix() for f in files]
 
 
+# Which families each PER_MODEL value runs for; "all" runs for every model.
+BUILT_BY = {"ensembles": {"ensemble"}, "exports": {"export"}}
+
+
+def _runs_for(which: str, family: str) -> bool:
+    if which == "all":
+        return True
+    if which == "trained":  # ensembles are combined and exports compiled, not trained
+        return family not in BUILT
+    return family in BUILT_BY[which]
+
+
+def _slots(p: Pipeline, name: str) -> dict[str, str]:
+    """An ensemble's members (an export's source's, or the source itself) in four scalar slots:
+    DVC templates take scalars only, so the last one repeats."""
+    m = p.models[name]
+    if m.family == "export":
+        source = p.models[m.export.source]
+        members = source.ensemble.members if source.ensemble else [m.export.source]
+    else:
+        members = m.ensemble.members
+    slots = runner.module("combine").MAX_MEMBERS
+    return {f"m{i + 1}": members[min(i, len(members) - 1)] for i in range(slots)}
+
+
 def _items(p: Pipeline, which: str) -> dict[str, dict[str, str]]:
-    """One DVC foreach item per model spec listed in params.yaml that the stage runs for;
-    an ensemble's members fill four scalar slots (DVC templates take scalars only)."""
-    items = {
-        n: {"family": m.family}
-        for n, m in p.models.items()
-        if which == "all" or (which == "ensembles") == (m.family == "ensemble")
-    }
+    """One DVC foreach item per model spec listed in params.yaml that the stage runs for."""
+    items = {n: {"family": m.family} for n, m in p.models.items() if _runs_for(which, m.family)}
     if p.kind == "lm":  # a planned run's length is a param: its committed plan, else its spec
         for n, item in items.items():
             minutes = p.models[n].budget.train_minutes
             item["plan"] = str(paths.plan_file(n) if minutes is not None else paths.model_spec(n))
-    if which == "ensembles":
+    if which in BUILT_BY:
         for n, item in items.items():
-            members = p.models[n].ensemble.members
-            for i in range(runner.module("combine").MAX_MEMBERS):
-                item[f"m{i + 1}"] = members[min(i, len(members) - 1)]
+            item.update(_slots(p, n))
+    if which == "exports":
+        for n, item in items.items():
+            item["source"] = p.models[n].export.source
+    if which == "all":  # the weights file of the model folder calibrate and evaluate read
+        for item in items.values():
+            item["weights"] = paths.weights_of(item["family"])
     return items
 
 
@@ -79,10 +104,26 @@ def stage(name: str, p: Pipeline) -> dict[str, Any] | None:
     return {"foreach": items, "do": body} if items else None
 
 
+def artifacts(p: Pipeline) -> dict[str, dict[str, Any]]:
+    """Every candidate's model folder as a DVC artifact of type model: `dvc artifacts get`, GTO
+    and DVC Studio find a model by its name, and promote's GTO tags say which version is in
+    which stage."""
+    return {
+        n: {
+            "path": paths.model_dir(n).as_posix(),
+            "type": "model",
+            "desc": m.description,
+            "labels": [m.family],
+        }
+        for n, m in p.models.items()
+    }
+
+
 def render(root: Path) -> str:
     p = load_pipeline(root)
     out = {name: s for name in runner.PIPELINES[p.kind] if (s := stage(name, p)) is not None}
-    body = yaml.safe_dump({"stages": out}, sort_keys=False, default_flow_style=False, width=100)
+    tree = {"stages": out, "artifacts": artifacts(p)}
+    body = yaml.safe_dump(tree, sort_keys=False, default_flow_style=False, width=100)
     # DVC treats `params: [{file: null}]` as "track every key of this file".
     return HEADER + body.replace(": null", ":")
 

@@ -3,7 +3,7 @@
 A stage is one module under stages/ with `PER_MODEL`, `dvc(pipeline)` and `run(context)`:
 - NUMERIC (optional): True when its outputs are floats, so params.yaml's numerics is its param;
 - PER_MODEL: None for a stage of the whole pipeline, else which models it runs for ("all",
-  "trained" or "ensembles"), one DVC `foreach` item each;
+  "trained", "ensembles" or "exports"), one DVC `foreach` item each;
 - dvc(p): its data dependencies, params, outs, metrics and plots (`reprogate compile` adds the
   command and its code dependencies, derived from its imports), or None when no model needs it;
 - run(ctx): does the work and returns a Result; a user mistake is a UserError.
@@ -19,7 +19,7 @@ from typing import Any, Literal
 from reprogate.records import Record
 from reprogate.utils.console import say
 
-PerModel = Literal["all", "trained", "ensembles"] | None
+PerModel = Literal["all", "trained", "ensembles", "exports"] | None
 
 
 @dataclass(frozen=True)

@@ -46,9 +46,15 @@ class Kind:
     against_production: ProductionRule  # the one rule whose evidence differs by kind
     ranking: Ranking
 
-    def judge(self, ev: dict | None, resume: dict | None, gate, prod: dict | None) -> list[dict]:
-        """Every verdict on one candidate (results/<m>/eval.json and resume.json as dicts)."""
-        return rules.judge(self.rules, self.against_production, ev, resume, gate, prod)
+    def judge(
+        self, ev: dict | None, resume: dict | None, gate, prod: dict | None, export: dict | None = None
+    ) -> list[dict]:
+        """Every verdict on one candidate (results/<m>/eval.json, resume.json and, of an export,
+        metrics/<m>/export.json as dicts)."""
+        verdicts = rules.judge(self.rules, self.against_production, ev, resume, gate, prod)
+        if export is not None:
+            verdicts.insert(len(verdicts) - 1, rules.export_rule(export, gate))
+        return verdicts
 
 
 def _acted_on(challenge_set: dict) -> str:
@@ -58,7 +64,17 @@ def _acted_on(challenge_set: dict) -> str:
 
 CLASSIFIER = Kind(
     name="classify",
-    stages=("prepare", "features", "train", "combine", "calibrate", "evaluate", "resume_check", "gate"),
+    stages=(
+        "prepare",
+        "features",
+        "train",
+        "combine",
+        "export",
+        "calibrate",
+        "evaluate",
+        "resume_check",
+        "gate",
+    ),  # fmt: skip
     evaluation=Evaluation,
     rules=(
         GateRule("heldout_accuracy", "accuracy", ">=", "heldout_accuracy_min", split="test"),

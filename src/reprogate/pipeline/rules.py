@@ -93,6 +93,17 @@ def resume_rule(resume: dict | None) -> dict[str, Any]:
     )
 
 
+def export_rule(export: dict, gate: GateSpec) -> dict[str, Any]:
+    """An exported candidate predicts what its source predicts on the held-out test set."""
+    threshold = gate.thresholds.export_agreement_min
+    if threshold is None:
+        return not_applicable("export_agreement", "no export_agreement_min in the gate spec")
+    test = (export.get("agreement") or {}).get("test") or {}
+    why = export.get("unreadable") or ("" if test else "no agreement on test in metrics/<m>/export.json")
+    note = why or f"top intent equal to {export.get('source')}'s on {test['agree']} of {test['n']} test items"
+    return verdict("export_agreement", test.get("share"), ">=", threshold, note)
+
+
 ProductionRule = Callable[[dict, dict], dict[str, Any]]
 
 

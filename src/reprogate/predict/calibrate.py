@@ -19,13 +19,13 @@ from reprogate.predict.calibration import (
     rows_to_certify,
     separable,
 )
+from reprogate.predict.scorers import open_scorer
 from reprogate.records import CalibrationRecord, write
 from reprogate.specs import DataSpec, GateSpec, load_spec
-from reprogate.train.folder import Scorer
 
 
 def calibrate(root: Path, name: str, gate_path: Path) -> dict[str, Any]:
-    scorer = Scorer(root, name)
+    scorer = open_scorer(root, name)
     data = load_spec(root / scorer.spec.data, DataSpec)
     gate = load_spec(gate_path, GateSpec)
     gold = gold_indices(rows(root, "calibration"), scorer.labels)

@@ -12,10 +12,11 @@ import numpy as np
 
 from reprogate.data.prepared import gold_indices, prepared_file
 from reprogate.predict.calibration import Policy, act_mask, confidence_margin, ece, prediction, probabilities
+from reprogate.predict.scorers import open_scorer
 from reprogate.records import Evaluation, PredictionLine, write
 from reprogate.records.headline import EvalMetrics
 from reprogate.specs import DataSpec, load_spec
-from reprogate.train.folder import Scorer, model_version, read_calibration
+from reprogate.train.folder import model_version, read_calibration
 from reprogate.utils import jsonl, paths
 from reprogate.utils.errors import read_json
 from reprogate.utils.hashing import sha256_file
@@ -32,7 +33,7 @@ def eval_sets(data: DataSpec) -> dict[str, tuple[str, str | None]]:
 
 
 def evaluate(root: Path, name: str) -> dict[str, Any]:
-    scorer = Scorer(root, name)
+    scorer = open_scorer(root, name)
     calibration_path = scorer.dir / "calibration.json"
     calibration = read_calibration(
         calibration_path, read_json(calibration_path, f"run `dvc repro calibrate@{name}` first.")
@@ -110,7 +111,7 @@ def _challenge(rows: list[dict], act: np.ndarray) -> dict[str, Any]:
 
 
 def _write_predictions(
-    path: Path, rows: list[dict], cal: np.ndarray, scorer: Scorer, policy, version, challenge: bool
+    path: Path, rows: list[dict], cal: np.ndarray, scorer, policy, version, challenge: bool
 ) -> None:
     with open(path, "w", encoding="utf-8") as f:
         for r, p in zip(rows, cal, strict=True):

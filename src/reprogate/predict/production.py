@@ -18,8 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reprogate.export.scorer import ExportScorer
 from reprogate.predict import shipped
 from reprogate.predict.calibration import Policy, prediction, probabilities
+from reprogate.predict.scorers import open_scorer
 from reprogate.records import RESTORE_PRODUCTION, Fingerprint, ProductionRecord, Promoted, load, validated
 from reprogate.train.folder import Scorer, model_version
 from reprogate.utils import git, paths
@@ -33,7 +35,7 @@ class Loaded:
 
     name: str
     version: str
-    scorer: Scorer
+    scorer: Scorer | ExportScorer
     policy: Policy
     record: ProductionRecord | None
     source_sha256: str | None
@@ -111,7 +113,7 @@ def _mismatch(record: Promoted, model_dir: Path, since: str) -> str | None:
     an ensemble's members) and the calibrated policy, not files such as the fingerprint that
     change with unrelated code."""
     calibrated = record.family != "causal_lm"  # a language model has no routing policy
-    if not (model_dir / "model.safetensors").is_file() or (
+    if not paths.weights_in(model_dir).is_file() or (
         calibrated and not (model_dir / "calibration.json").is_file()
     ):
         return f"{model_dir} is not built"
@@ -211,7 +213,7 @@ def load_servable(root: Path, model_dir: Path | None = None, device: str = "auto
         raise UserError(
             f"{model_dir}: no calibration.json; run `dvc repro calibrate@{model_dir.name}` first."
         )
-    scorer = Scorer(root, model_dir.name, model_dir, device=device, members_dir=members_dir)
+    scorer = open_scorer(root, model_dir.name, model_dir, device=device, members_dir=members_dir)
     loaded = Loaded(
         name=model_dir.name,
         version=record.model_version if record else model_version(model_dir),

@@ -6,7 +6,7 @@ The steps, each safe to repeat, and what the next run does after a kill there:
 2. models/production.json is written whole (a temporary file, fsync, rename);
 3. `git add`, `git commit -- models/production.json models/shipped` (the files promote shipped
    with the project, when it declares that remote);
-4. `git tag -a <artifact>#prod#<n>`;
+4. `git tag -a <artifact>@v<semver>` and `git tag -a <artifact>#prod#<n>` (GTO's version and stage);
 5. the journal is removed.
 A journal found at start is finished from what git shows: HEAD still at `base` means steps 2-3
 again; HEAD at the promotion commit means 4 again. Nothing else is guessed. `predict` and
@@ -122,6 +122,12 @@ def _abandon(root: Path, git_dir: Path, j: PromotionJournal, head: str | None) -
     )
 
 
+def tags(j: PromotionJournal) -> list[str]:
+    """The promotion's GTO tags: its version (journals written before versions have none), then
+    its stage."""
+    return [t for t in (j.version_tag, j.tag) if t]
+
+
 def finish(root: Path, git_dir: Path, j: PromotionJournal) -> str:
     """Steps 2-5 of journal `j`, skipping what is already done; the promotion commit."""
     head = git.head(root)
@@ -137,14 +143,15 @@ def finish(root: Path, git_dir: Path, j: PromotionJournal) -> str:
     if not path.is_file() or path.read_bytes() != j.record.encode():
         atomic.write_file(path, j.record.encode())
     git.run(root, "add", "--", str(PRODUCTION))
-    tagged = git.run(root, "rev-parse", "-q", "--verify", f"refs/tags/{j.tag}^{{commit}}", check=False)
-    if not tagged:
-        git.run(root, "tag", "-a", j.tag, "-m", j.message, head)
-    elif tagged != head:
-        raise UserError(
-            f"tag {j.tag} already names commit {tagged[:12]}, not the promotion commit {head[:12]}; "
-            f"delete the stray tag (`git tag -d '{j.tag}'`) and run promote again."
-        )
-    pause_if("promote:tagged")
+    for tag in tags(j):  # the version first: GTO registers a version before assigning it a stage
+        tagged = git.run(root, "rev-parse", "-q", "--verify", f"refs/tags/{tag}^{{commit}}", check=False)
+        if not tagged:
+            git.run(root, "tag", "-a", tag, "-m", j.message, head)
+        elif tagged != head:
+            raise UserError(
+                f"tag {tag} already names commit {tagged[:12]}, not the promotion commit {head[:12]}; "
+                f"delete the stray tag (`git tag -d '{tag}'`) and run promote again."
+            )
+        pause_if("promote:tagged")
     _drop(git_dir)
     return head

@@ -18,6 +18,7 @@ from typing import Any
 
 from reprogate.predict import shipped
 from reprogate.promote import commit as promote_commit
+from reprogate.promote.versions import next_version, tags_at
 from reprogate.records import (
     RESTORE_PRODUCTION,
     DataRecord,
@@ -107,7 +108,8 @@ def plan(root: Path) -> dict[str, Any]:
         note = f" ({r['note']})" if r.get("note") else ""
         lines.append(f"- {r['rule']}: {value} {r['op']} {r['threshold']} -> {r['verdict']}{note}")
     lines += ["", f"gate: {'; '.join(gate['reasons'])}", f"code: {record.code_commit}"]
-    return {"record": record, "tag": f"{name}#{STAGE}#{n}", "message": "\n".join(lines)}
+    tags = {"tag": f"{name}#{STAGE}#{n}", "version_tag": next_version(root, name, n)}
+    return {"record": record, **tags, "message": "\n".join(lines)}
 
 
 def _common(root: Path, name: str, cand: dict[str, Any]) -> dict[str, Any]:
@@ -209,19 +211,20 @@ def push_outputs(root: Path) -> str:
     return f"promote: pushed this commit's outputs and run-cache to DVC remote '{remote}'\n"
 
 
-def push_commit(root: Path, tag: str) -> str:
-    """The promotion commit and its tag to the branch's git remote (its upstream, else origin),
-    atomically: the remote takes both or neither, so a rejected branch (moved on, protected)
-    never leaves a production tag on a commit that is not on the team's branch."""
+def push_commit(root: Path, tags: list[str]) -> str:
+    """The promotion commit and its tags to the branch's git remote (its upstream, else origin),
+    atomically: the remote takes all or none, so a rejected branch (moved on, protected) never
+    leaves a production tag on a commit that is not on the team's branch."""
+    tag = " ".join(f"refs/tags/{t}" for t in tags)
     upstream = git.run(root, "rev-parse", "--abbrev-ref", "--symbolic-full-name", "@{u}", check=False)
     remote, _, branch = upstream.partition("/") if upstream else ("origin", "", "")
     branch = branch or git.run(root, "rev-parse", "--abbrev-ref", "HEAD", check=False)
     if remote not in git.run(root, "remote", check=False).split():
         return (
             "promote: no git remote to push to; publish the promotion with "
-            f"`git push --atomic <remote> HEAD refs/tags/{tag}` when there is one"
+            f"`git push --atomic <remote> HEAD {tag}` when there is one"
         )
-    refs = (f"HEAD:refs/heads/{branch}", f"refs/tags/{tag}")
+    refs = (f"HEAD:refs/heads/{branch}", *tag.split())
     proc = git.completed(root, "push", "--atomic", remote, *refs)
     if proc.returncode != 0:
         said = [x.strip() for x in proc.stderr.splitlines()]
@@ -230,11 +233,11 @@ def push_commit(root: Path, tag: str) -> str:
         return (
             f"promote: the promotion is committed and tagged here, and its files are on the DVC remote, "
             f"but {remote} refused the push ({why}), so nothing was published: neither the commit nor the "
-            f"tag {tag}; the team's production is unchanged. Bring {branch} up to date with {remote}'s, "
-            f"then `git push --atomic {remote} HEAD:{branch} refs/tags/{tag}` (a rebase moves the "
-            f"promotion commit: move the tag with it, `git tag -f -a '{tag}'`)."
+            f"tags {', '.join(tags)}; the team's production is unchanged. Bring {branch} up to date with "
+            f"{remote}'s, then `git push --atomic {remote} HEAD:{branch} {tag}` (a rebase moves the "
+            f"promotion commit: move the tags with it, `git tag -f -a '{tags[-1]}'`)."
         )
-    return f"promote: pushed the promotion commit to {remote}/{branch} and tag {tag}, together"
+    return f"promote: pushed the promotion commit to {remote}/{branch} and tags {', '.join(tags)}, together"
 
 
 def promote(root: Path, dry_run: bool = False, push: bool = False) -> str:
@@ -261,7 +264,7 @@ def promote(root: Path, dry_run: bool = False, push: bool = False) -> str:
             pushed = push_outputs(root) if push else ""
             commit = promote_commit.finish(root, git_dir, journal)
             said = pushed + "promote: finished a promotion a killed run had begun.\n" + _done(journal, commit)
-            return said + ("\n" + push_commit(root, journal.tag) if push else "")
+            return said + ("\n" + push_commit(root, promote_commit.tags(journal)) if push else "")
         return _fresh(root, git_dir, dry_run=False, push=push)
 
 
@@ -301,13 +304,12 @@ def _fresh(root: Path, git_dir: Path, dry_run: bool, push: bool = False) -> str:
             if not dry_run:
                 keep_promoted(root, record["model"], record["model_version"])
         if pushed:  # a retry after a failed git push: the tag of the promotion in place
-            tag = git.run(root, "describe", "--tags", "--exact-match", "--match", "*#prod#*", check=False)
-            said = pushed + said + "\n" + push_commit(root, tag or "(untagged)")
+            said = pushed + said + "\n" + push_commit(root, tags_at(root) or ["(untagged)"])
         return said
     if dry_run:
         return (
-            f"would write {PRODUCTION}, commit and tag {p['tag']}, and keep a copy of models/"
-            f"{record['model']} in {PROMOTED / record['model_version']}:\n\n{p['message']}\n\n"
+            f"would write {PRODUCTION}, commit and tag {p['version_tag']} and {p['tag']}, and keep a copy "
+            f"of models/{record['model']} in {PROMOTED / record['model_version']}:\n\n{p['message']}\n\n"
             + written.rstrip()
         )
     pause_if("promote:planned")
@@ -320,20 +322,23 @@ def _fresh(root: Path, git_dir: Path, dry_run: bool, push: bool = False) -> str:
         record=written,
         message=p["message"],
         tag=p["tag"],
+        version_tag=p["version_tag"],
         project=git.prefix(root),
     )
     promote_commit.begin(git_dir, journal)
     done = _done(journal, promote_commit.finish(root, git_dir, journal))
-    return pushed + done + ("\n" + push_commit(root, journal.tag) if push else "")
+    return pushed + done + ("\n" + push_commit(root, promote_commit.tags(journal)) if push else "")
 
 
 def _done(journal: PromotionJournal, commit: str) -> str:
     return (
-        f"promote: {journal.model} is in production (commit {commit[:7]}, tag {journal.tag}); its files "
+        f"promote: {journal.model} is in production (commit {commit[:7]}, tags "
+        f"{' and '.join(promote_commit.tags(journal))}); its files "
         f"are kept in {PROMOTED / journal.model_version}. The gate compares candidates with "
         "production, so `dvc repro` reruns it against this one (commit its results/gate.json). "
-        f"`git push --atomic origin HEAD refs/tags/{journal.tag}` publishes the commit with its tag, both or "
-        "neither (`promote --push` does it for you; a plain push leaves the tag behind)."
+        f"`git push --atomic origin HEAD {' '.join(f'refs/tags/{t}' for t in promote_commit.tags(journal))}` "
+        "publishes the commit with its tags, all or none (`promote --push` does it for you; a plain push "
+        "leaves the tags behind)."
     )
 
 

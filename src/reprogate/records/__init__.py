@@ -105,7 +105,7 @@ class DataRecord(Record):
 
 
 class ModelConfig(Record):
-    family: Literal["ngram", "encoder", "ensemble", "causal_lm"]
+    family: Literal["ngram", "encoder", "ensemble", "causal_lm", "export"]
     n_out: int
     featurizer: dict[str, Any]  # what the features depend on (the featurizer's key)
     spec: dict[str, Any]  # the model spec it was trained from, validated again on load
@@ -388,8 +388,7 @@ class Promoted(ProductionRecord):
 
 
 class PromotionJournal(Record):
-    """<git dir>/reprogate/promotion.json: a promotion whose checks passed at commit `base`, kept
-    until its commit and tag exist, so a promote killed at any step is finished by the next."""
+    """<git dir>/reprogate/promotion.json: a promotion checked at `base`, until committed and tagged."""
 
     base: Annotated[str, Field(pattern=r"^[0-9a-f]{40}$")]
     model: str
@@ -397,4 +396,5 @@ class PromotionJournal(Record):
     record: str  # models/production.json, byte for byte as it is committed
     message: str
     tag: str
+    version_tag: str = ""  # GTO's <artifact>@v<semver>; made before `tag`
     project: str = ""  # the project's folder in the repository ("" at its top; lm/ for lm)

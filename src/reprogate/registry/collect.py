@@ -40,6 +40,7 @@ from reprogate.registry import checks
 from reprogate.registry import lm as registry_lm
 from reprogate.registry.checks import FIX
 from reprogate.registry.tables import TABLES, arrow_schema, run_identity
+from reprogate.specs.model import BUILT
 from reprogate.utils import paths
 from reprogate.utils.errors import UserError
 from reprogate.utils.hashing import content_key
@@ -146,7 +147,7 @@ def _run(rev: Revision, model: str, stamp: dict[str, Any], held: dict[str, int])
     config = _json(rev, paths.model_dir(model) / "config.json", ModelConfig, dvc_output=True)
     if fp is None or config is None:
         return None
-    trained = config.family != "ensemble"
+    trained = config.family not in BUILT
     record_shape = LmTrainRecord if lm else TrainRecord if trained else CombineRecord
     record = _json(rev, paths.metrics_dir(model) / "train.json", record_shape)
     run = (registry_lm.run_row if lm else _run_row)(model, evaluation, fp, config, record, stamp)
@@ -189,7 +190,7 @@ def _run_row(model, evaluation: Evaluation, fp: Fingerprint, config: ModelConfig
         **run_identity(model, fp, spec, record_key(evaluation)),
         "family": config.family,
         "model_version": evaluation.model_version,
-        "train_key": train_key(fp) if config.family != "ensemble" else None,
+        "train_key": train_key(fp) if config.family not in BUILT else None,
         "processes": int(spec.get("processes", 1)),
         "device": evaluation.device,
         "steps": getattr(record, "steps", None),

@@ -24,67 +24,32 @@ import socket
 import threading
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from reprogate.predict.lm import (
-    MAX_NEW_TOKENS,
-    MAX_PROMPT_CHARS,
-    LoadedLm,
-    is_language_model,
-    load_generator,
-)
+from reprogate.predict.lm import LoadedLm, is_language_model, load_generator
 from reprogate.predict.production import load_servable, production_sha256
 from reprogate.serve import limits as serve_limits
+from reprogate.serve.batching import MicroBatcher
+from reprogate.serve.schema import (
+    MAX_BATCH,
+    MAX_BODY_BYTES,
+    MAX_TEXT_CHARS,
+    ErrorResponse,
+    Generated,
+    GenerateRequest,
+    PredictRequest,
+    PredictResponse,
+)
 from reprogate.specs import pipeline_kind
 from reprogate.utils.errors import UserError, relative
-from reprogate.utils.queries import MAX_QUERY_CHARS
 
-MAX_TEXT_CHARS = MAX_QUERY_CHARS
-MAX_BATCH = 64
-MAX_BODY_BYTES = 256 * 1024
+__all__ = ["MAX_BATCH", "MAX_BODY_BYTES", "MAX_TEXT_CHARS", "create_app", "serve"]
 log = logging.getLogger("reprogate.serve.app")
-
-Text = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MAX_TEXT_CHARS)]
-
-
-class PredictRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    text: Text | None = Field(None, description="One query.")
-    texts: list[Text] | None = Field(None, min_length=1, max_length=MAX_BATCH, description="Several queries.")
-
-    @model_validator(mode="after")
-    def _one(self) -> PredictRequest:
-        if (self.text is None) == (self.texts is None):
-            raise ValueError('give exactly one of "text" (a string) or "texts" (a list of strings)')
-        for t in [self.text] if self.text is not None else self.texts:
-            if not t.strip():
-                raise ValueError("a query is blank; every query needs some text")
-        return self
-
-
-class GenerateRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    prompt: Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MAX_PROMPT_CHARS)]
-    max_tokens: int = Field(200, ge=1, le=MAX_NEW_TOKENS, strict=True)
-    seed: int = Field(0, ge=0, le=2**63 - 1, strict=True)
-    temperature: float = Field(0.8, gt=0.0, le=5.0)
-    top_k: int | None = Field(None, ge=1, strict=True)
-
-
-class Generated(BaseModel):
-    prompt: str
-    text: str = Field(description="The continuation only.")
-    tokens: int
-    seed: int
-    temperature: float
-    model_version: str
-    latency_ms: float
 
 
 def load(root: Path, model_dir: Path | None = None, device: str = "auto"):
@@ -92,31 +57,6 @@ def load(root: Path, model_dir: Path | None = None, device: str = "auto"):
     a language-model folder), else its classifier."""
     lm = is_language_model(model_dir) if model_dir is not None else pipeline_kind(root) == "lm"
     return (load_generator if lm else load_servable)(root, model_dir, device)
-
-
-class Alternative(BaseModel):
-    intent: str
-    probability: float
-
-
-class Prediction(BaseModel):
-    text: str
-    intent: str
-    probability: float = Field(description="Calibrated probability of the top intent.")
-    alternatives: list[Alternative] = Field(description="Top-3 intents with calibrated probabilities.")
-    route: Literal["act", "review"]
-    reasons: list[str] = Field(description="Why review: low_confidence, small_margin, out_of_scope.")
-    model_version: str
-    latency_ms: float
-
-
-class PredictResponse(BaseModel):
-    predictions: list[Prediction]
-
-
-class ErrorResponse(BaseModel):
-    error: str
-    details: list[dict[str, Any]] = []
 
 
 class Holder:
@@ -229,24 +169,26 @@ def _error(status: int, message: str, details: list | None = None) -> JSONRespon
 
 
 def create_app(
-    root: Path, model_dir: Path | None = None, watch_interval: float = 1.0, device: str = "auto"
+    root: Path,
+    model_dir: Path | None = None,
+    watch_interval: float = 1.0,
+    device: str = "auto",
+    batching: tuple[int, float] = (MAX_BATCH, 0.002),
 ) -> FastAPI:
+    """`batching`: (most texts, longest wait in seconds) of a micro-batch of /predict requests."""
     # Loaded here, before the server listens: a broken model is a clear error at start-up.
     holder = {"h": Holder(root, model_dir, watch_interval, device)}
+    batcher = MicroBatcher(*batching)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         holder["h"].start()
         yield
         holder["h"].stop()
+        batcher.stop()
 
-    app = FastAPI(
-        title="reprogate",
-        version="1",
-        description="Routed intent predictions from the production model.",
-        lifespan=lifespan,
-    )
-
+    about = "Routed intent predictions from the production model."
+    app = FastAPI(title="reprogate", version="1", description=about, lifespan=lifespan)
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
 
     @app.exception_handler(RequestValidationError)
@@ -272,11 +214,12 @@ def create_app(
     responses = {413: {"model": ErrorResponse}, 422: {"model": ErrorResponse}}
 
     @app.post("/predict", response_model=PredictResponse, responses=responses)
-    def predict(req: PredictRequest) -> Any:
+    async def predict(req: PredictRequest) -> Any:
         loaded = holder["h"].current  # this request's model, even if a swap happens meanwhile
         if isinstance(loaded, LoadedLm):
             return _error(409, f"this server holds the language model {loaded.version}: POST /generate")
-        return {"predictions": loaded.predict([req.text] if req.text is not None else req.texts)}
+        texts = [req.text] if req.text is not None else req.texts
+        return {"predictions": await batcher.predict(loaded, texts)}
 
     @app.post("/generate", response_model=Generated, responses=responses)
     def generate(req: GenerateRequest) -> Any:
@@ -377,7 +320,13 @@ def serve(
     cap = limits.max_connections or serve_limits.default_max_connections()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     config = uvicorn.Config(
-        create_app(root, model_dir, watch_interval=limits.watch_interval, device=device),
+        create_app(
+            root,
+            model_dir,
+            watch_interval=limits.watch_interval,
+            device=device,
+            batching=(limits.max_batch, limits.batch_wait_ms / 1000),
+        ),
         host=host,
         port=port,
         log_level="info",

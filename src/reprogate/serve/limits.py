@@ -41,6 +41,8 @@ class Limits:
     watch_interval: float = 1.0  # seconds between looks at models/production.json
     header_timeout: float = HEADER_TIMEOUT_S
     max_connections: int | None = None  # None: under the open-file limit (default_max_connections)
+    batch_wait_ms: float = 2.0  # how long a /predict request waits for others to share its model call
+    max_batch: int = 64  # texts in one model call, at most (a request's own are never split)
 
 
 def file_limit() -> int:

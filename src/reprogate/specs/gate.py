@@ -36,6 +36,13 @@ class Thresholds(Strict):
         "to review makes no wrong action and does no work. null: no such rule.",
     )
     require_resume_equivalence: bool = True
+    export_agreement_min: float | None = Field(
+        0.995,
+        ge=0.0,
+        le=1.0,
+        description="An exported candidate (family export): least share of held-out test items on "
+        "which it predicts the intent its source predicts. null: no such rule.",
+    )
     val_bits_per_char_max: float | None = Field(
         None,
         gt=0.0,

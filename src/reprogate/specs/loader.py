@@ -105,6 +105,8 @@ def check_references(spec: Strict, root: Path) -> None:
                 raise Refused(("encoder",), str(e)) from None
         if spec.family == "ensemble":
             _members(spec, root)
+        elif spec.family == "export":
+            _source(spec, root)
         else:
             _data_of_model(spec, root)
 
@@ -195,6 +197,11 @@ def _members(spec: ModelSpec, root: Path) -> None:
         member = load_spec(path, ModelSpec)
         if member.family == "ensemble":
             raise Refused((), f"ensemble.members: '{m}' is itself an ensemble; list its members instead")
+        if member.family == "export":
+            raise Refused(
+                (),
+                f"ensemble.members: '{m}' is an export; combine its source '{member.export.source}' instead",
+            )
         if member.data != spec.data:
             raise Refused(
                 (), f"ensemble.members: '{m}' uses data '{member.data}' but this ensemble uses '{spec.data}'"
@@ -223,6 +230,25 @@ def _members(spec: ModelSpec, root: Path) -> None:
             f"ensemble.neighbours.member '{near.member}' is of family {mode}; the neighbours "
             "are searched in cached embeddings, which only a frozen encoder has: name a member "
             "of family encoder with mode frozen",
+        )
+
+
+def _source(spec: ModelSpec, root: Path) -> None:
+    assert spec.export is not None
+    name = spec.export.source
+    path = root / paths.model_spec(name)
+    if not path.is_file():
+        raise Refused(("export", "source"), f"export.source names '{name}', but {path} does not exist")
+    source = load_spec(path, ModelSpec)
+    if source.family not in ("ngram", "encoder", "ensemble"):
+        raise Refused(
+            ("export", "source"),
+            f"export.source '{name}' is of family {source.family}; an export compiles a classifier "
+            "(family ngram, encoder or ensemble): name one of those",
+        )
+    if source.data != spec.data:
+        raise Refused(
+            ("data",), f"export.source '{name}' uses data '{source.data}' but this export uses '{spec.data}'"
         )
 
 
@@ -333,6 +359,11 @@ def load_pipeline(root: Path) -> Pipeline:
         models[n] = m
     for n, m in models.items():
         missing = [x for x in (m.ensemble.members if m.ensemble else []) if x not in models]
+        if m.export and m.export.source not in models:
+            raise UserError(
+                f"specs/models/{n}.yaml: export.source '{m.export.source}' is not in params.yaml "
+                "'models'; add it (the export is judged beside its source, and must agree with it)."
+            )
         if missing:
             raise UserError(
                 f"specs/models/{n}.yaml: ensemble.members {missing} are not in params.yaml 'models'; add "

@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from reprogate.specs.base import Fraction, ModelName, Pair, PosInt, Strict, spec_hash
+from reprogate.specs.export import ExportConfig
 from reprogate.specs.lm import CausalLmConfig
 
 
@@ -228,15 +229,20 @@ class EnsembleConfig(Strict):
         return v
 
 
+# Families whose models are built from other candidates (combined, exported), never trained.
+BUILT = ("ensemble", "export")
+
+
 class ModelSpec(Strict):
     kind: Literal["model"]
     description: str = ""
     data: str = Field(description="Path of the data spec, relative to the project root.")
-    family: Literal["ngram", "encoder", "ensemble", "causal_lm"]
+    family: Literal["ngram", "encoder", "ensemble", "causal_lm", "export"]
     ngram: NgramConfig | None = None
     causal_lm: CausalLmConfig | None = None
     encoder: EncoderConfig | None = None
     ensemble: EnsembleConfig | None = None
+    export: ExportConfig | None = None
     head: HeadConfig = HeadConfig()
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
@@ -278,21 +284,28 @@ class ModelSpec(Strict):
     mps: MpsConfig = MpsConfig()
     resume_check: ResumeCheckConfig = ResumeCheckConfig()
 
+    @property
+    def trained(self) -> bool:
+        """False for the families built from other candidates: an ensemble, an export."""
+        return self.family not in BUILT
+
     @model_validator(mode="after")
     def _rules(self) -> ModelSpec:
-        if self.family == "ensemble":
+        if self.family in BUILT:
             if self.processes != 1 or self.executor != "torch":
                 raise ValueError(
-                    "processes and executor apply to training; an ensemble is combined, not trained"
+                    f"processes and executor apply to training; family {self.family} is built from "
+                    "other candidates, not trained"
                 )
-            return self._ensemble_rules()
+            return self._assembled_rules()
         if self.processes > 1 and self.device == "mps":
             raise ValueError(
                 f"processes is {self.processes}, but device mps has no multi-process backend in "
                 "PyTorch; use processes: 1 (or device cpu / cuda)"
             )
-        if self.ensemble is not None:
-            raise ValueError(f"family is '{self.family}' but an 'ensemble' section is given; remove it")
+        for section in ("ensemble", "export"):
+            if getattr(self, section) is not None:
+                raise ValueError(f"family is '{self.family}' but an '{section}' section is given; remove it")
         if self.executor == "ray" and self.device == "mps":
             raise ValueError("executor ray runs ranks on CPU or CUDA; device mps is not one of them")
         kill = self.resume_check.kill_rank
@@ -343,12 +356,18 @@ class ModelSpec(Strict):
                 + f"; got {', '.join(given) or 'none'}"
             )
 
-    def _ensemble_rules(self) -> ModelSpec:
-        if self.ensemble is None:
-            raise ValueError("family 'ensemble' needs an 'ensemble' section with 'members'")
-        for other in ("ngram", "encoder", "causal_lm"):
-            if getattr(self, other) is not None:
-                raise ValueError(f"family is 'ensemble' but an '{other}' section is given; remove it")
+    def _assembled_rules(self) -> ModelSpec:
+        """An ensemble (combined from members) or an export (compiled from a source): built from
+        other candidates, never trained itself."""
+        needs = {
+            "ensemble": "an 'ensemble' section with 'members'",
+            "export": "an 'export' section with 'source'",
+        }
+        if getattr(self, self.family) is None:
+            raise ValueError(f"family '{self.family}' needs {needs[self.family]}")
+        for other in ("ngram", "encoder", "causal_lm", "ensemble", "export"):
+            if other != self.family and getattr(self, other) is not None:
+                raise ValueError(f"family is '{self.family}' but an '{other}' section is given; remove it")
         return self
 
 

@@ -135,9 +135,10 @@ def export_ensemble(
 
 
 def model_version(model_dir: Path) -> str:
-    """NAME@<12 hex> of the trained weights (an ensemble's folded with its members'), so two
-    different models never share a version because they share a spec."""
-    digest = hashlib.sha256(sha256_file(model_dir / "model.safetensors").encode())
+    """NAME@<12 hex> of the trained weights (an ensemble's folded with its members'; an export's
+    graph holds everything), so two different models never share a version because they share
+    a spec."""
+    digest = hashlib.sha256(sha256_file(paths.weights_in(model_dir)).encode())
     members = load(model_dir / "fingerprint.json", Fingerprint, damaged(model_dir)).members
     if members:
         digest.update(json.dumps(members, sort_keys=True).encode())

@@ -139,7 +139,7 @@ def checked_total_steps(spec: ModelSpec, spec_path: Path, n_examples: int) -> in
 def prepared_steps(root: Path, spec: ModelSpec, spec_path: Path) -> int | None:
     """What `checked_total_steps` will say when training starts, said at `validate` time from
     the prepared data's row counts, when data/prepared holds the spec's data (None otherwise)."""
-    if spec.family == "ensemble" or spec.steps is not None:
+    if not spec.trained or spec.steps is not None:
         return None
     prepared = root / project.PREPARED
     data_spec = root / spec.data

@@ -23,6 +23,26 @@ MODELS = Path("models")
 # What a model folder holds (the train stage's outputs; combine writes the same for an ensemble).
 TRAIN_FILES = ("model.safetensors", "config.json", "labels.json", "fingerprint.json", "assets")
 LM_FILES = ("model.safetensors", "config.json", "fingerprint.json", "assets")
+# An exported model's folder (export@m): one ONNX graph instead of the torch weights.
+EXPORT_FILES = ("model.onnx", "config.json", "labels.json", "fingerprint.json", "assets")
+WEIGHTS = ("model.safetensors", "model.onnx")
+
+
+def weights_of(family: str) -> str:
+    """The weights file of a model folder of this family."""
+    return WEIGHTS[family == "export"]
+
+
+def weights_in(model_dir: Path) -> Path:
+    """The weights file a model folder holds (model.safetensors when it holds neither)."""
+    return next((model_dir / w for w in WEIGHTS if (model_dir / w).is_file()), model_dir / WEIGHTS[0])
+
+
+def folder_files(family: str) -> tuple[str, ...]:
+    """What the stage that builds a model folder of this family writes there."""
+    return EXPORT_FILES if family == "export" else TRAIN_FILES
+
+
 RUNS = Path("runs")
 # Headline numbers only (DVC metrics): what `dvc metrics show` and `dvc metrics diff` print.
 METRICS = Path("metrics")

@@ -15,7 +15,10 @@ from typing import Any
 
 from reprogate.pipeline.context import Context, Result
 from reprogate.specs import Pipeline, load_pipeline
-from reprogate.utils.paths import TRAIN_FILES
+from reprogate.utils.paths import TRAIN_FILES, WEIGHTS
+
+# The model folder's files but its weights (model.safetensors, or an export's model.onnx).
+MODEL_FILES = tuple(f for f in TRAIN_FILES if f not in WEIGHTS)
 
 PER_MODEL = "all"
 NUMERIC = True  # its outputs are floats: it reruns when params.yaml's numerics change
@@ -23,7 +26,12 @@ NUMERIC = True  # its outputs are floats: it reruns when params.yaml's numerics 
 
 def dvc(p: Pipeline) -> dict[str, Any]:
     return {
-        "deps": ["data/prepared", "data/features/${key}", *(f"models/${{key}}/{f}" for f in TRAIN_FILES)],
+        "deps": [
+            "data/prepared",
+            "data/features/${key}",
+            "models/${key}/${item.weights}",
+            *(f"models/${{key}}/{f}" for f in MODEL_FILES),
+        ],
         # The routing policy is fitted to the gate's action limits and the data's OOS sets.
         # Whole files: a spec may leave those keys to their defaults.
         "params": [{p.gate: None}, {p.data: None}],

@@ -14,7 +14,10 @@ from typing import Any
 
 from reprogate.pipeline.context import Context, Result
 from reprogate.specs import Pipeline
-from reprogate.utils.paths import TRAIN_FILES
+from reprogate.utils.paths import TRAIN_FILES, WEIGHTS
+
+# The model folder's files but its weights (model.safetensors, or an export's model.onnx).
+MODEL_FILES = tuple(f for f in TRAIN_FILES if f not in WEIGHTS)
 
 PER_MODEL = "all"
 NUMERIC = True  # its outputs are floats: it reruns when params.yaml's numerics change
@@ -25,7 +28,8 @@ def dvc(p: Pipeline) -> dict[str, Any]:
         "deps": [
             "data/prepared",
             "data/features/${key}",
-            *(f"models/${{key}}/{f}" for f in TRAIN_FILES),
+            "models/${key}/${item.weights}",
+            *(f"models/${{key}}/{f}" for f in MODEL_FILES),
             "models/${key}/calibration.json",
         ],
         "params": [{p.data: None}],

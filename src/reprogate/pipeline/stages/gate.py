@@ -17,6 +17,7 @@ from typing import Any
 from reprogate.pipeline.context import Context, Result
 from reprogate.pipeline.kinds import KINDS
 from reprogate.records import Decision, ProductionRecord, Record, ResumeRecord, parse, write
+from reprogate.records.export import ExportRecord
 from reprogate.records.headline import GateMetrics
 from reprogate.specs import GateSpec, ModelSpec, Pipeline, load_pipeline, load_spec
 from reprogate.utils import paths
@@ -27,7 +28,8 @@ PER_MODEL = None
 
 def dvc(p: Pipeline) -> dict[str, Any]:
     evidence = [f"results/{m}/eval.json" for m in p.models]
-    evidence += [f"results/{m}/resume.json" for m, spec in p.models.items() if spec.family != "ensemble"]
+    evidence += [f"results/{m}/resume.json" for m, spec in p.models.items() if spec.trained]
+    evidence += [f"metrics/{m}/export.json" for m, spec in p.models.items() if spec.family == "export"]
     return {
         "deps": [*evidence, "models/production.json"],
         "params": [{p.gate: None}, {"params.yaml": ["models"]}],
@@ -52,8 +54,23 @@ def production(root: Path) -> dict[str, Any] | None:
     return prod if prod and (prod.get("model") or "unreadable" in prod) else None
 
 
+def export_evidence(root: Path, name: str) -> dict[str, Any] | None:
+    """metrics/<m>/export.json of an export (None for any other candidate)."""
+    spec_path = root / paths.model_spec(name)
+    try:
+        spec = load_spec(spec_path, ModelSpec) if spec_path.is_file() else None
+    except UserError:  # resume_evidence records why; its rule fails
+        return None
+    if spec is None or spec.family != "export":
+        return None
+    return _read(root / paths.metrics_dir(name) / "export.json", ExportRecord) or {
+        "unreadable": f"metrics/{name}/export.json missing"
+    }
+
+
 def resume_evidence(root: Path, name: str) -> dict[str, Any] | None:
-    """resume.json of a trained model; for an ensemble, every member's must have passed."""
+    """resume.json of a trained model; for an ensemble, every member's must have passed; an
+    export is as resumable as its source."""
     spec_path = root / paths.model_spec(name)
     try:
         spec = load_spec(spec_path, ModelSpec) if spec_path.is_file() else None
@@ -62,6 +79,8 @@ def resume_evidence(root: Path, name: str) -> dict[str, Any] | None:
         # fails and says why, and the other candidates are still judged.
         why = f"specs/models/{name}.yaml no longer validates, so its resume evidence cannot be found: {e}"
         return {"unreadable": why}
+    if spec is not None and spec.family == "export":
+        return resume_evidence(root, spec.export.source)
     if spec is None or spec.family != "ensemble":
         return _read(root / paths.results_dir(name) / "resume.json", ResumeRecord)
     members = {
@@ -79,7 +98,7 @@ def decide(root: Path, models: list[str], gate_path: Path, kind: str = "classify
         ev = _read(root / paths.results_dir(name) / "eval.json", k.evaluation)
         unreadable = (ev or {}).get("unreadable")
         ev = None if unreadable else ev
-        rules = k.judge(ev, resume_evidence(root, name), gate, prod)
+        rules = k.judge(ev, resume_evidence(root, name), gate, prod, export_evidence(root, name))
         sets = (ev or {}).get("sets", {})
         c = {
             **({} if ev else {"not_evaluated": unreadable or True}),

