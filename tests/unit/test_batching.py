@@ -1,0 +1,89 @@
+"""Micro-batching of /predict: concurrent requests share model calls, each gets its own answers
+in its own order, a request alone waits no longer than the bound, requests that took different
+models (a hot swap) are never answered by one call, and a failing call fails only its batch."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from reprogate.serve.batching import MicroBatcher
+
+
+class Model:
+    def __init__(self, tag: str, delay: float = 0.0, fail: bool = False):
+        self.tag, self.delay, self.fail = tag, delay, fail
+        self.calls: list[list[str]] = []
+        self.lock = threading.Lock()
+
+    def predict(self, texts: list[str]) -> list[dict]:
+        with self.lock:
+            self.calls.append(list(texts))
+        time.sleep(self.delay)
+        if self.fail:
+            raise RuntimeError("the model broke")
+        return [{"text": t, "by": self.tag, "latency_ms": -1.0} for t in texts]
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def test_concurrent_requests_share_calls_and_get_their_own_answers():
+    model = Model("a", delay=0.01)
+    batcher = MicroBatcher(max_batch=64, max_wait_s=0.05)
+
+    async def many():
+        return await asyncio.gather(*(batcher.predict(model, [f"q{i}", f"r{i}"]) for i in range(20)))
+
+    answers = _run(many())
+    batcher.stop()
+    assert [[p["text"] for p in a] for a in answers] == [[f"q{i}", f"r{i}"] for i in range(20)]
+    assert len(model.calls) < 20 and sum(len(c) for c in model.calls) == 40
+    assert all(len(c) <= 64 + 1 for c in model.calls)
+    # A request's latency is its own wait plus its batch's call, never the model's placeholder.
+    assert all(p["latency_ms"] >= 0 for a in answers for p in a)
+
+
+def test_a_request_alone_waits_at_most_the_bound():
+    model = Model("a")
+    batcher = MicroBatcher(max_batch=64, max_wait_s=0.02)
+    start = time.perf_counter()
+    (answer,) = _run(batcher.predict(model, ["alone"]))
+    took = time.perf_counter() - start
+    batcher.stop()
+    assert answer["text"] == "alone" and took < 0.5 and model.calls == [["alone"]]
+
+
+def test_a_full_batch_does_not_wait():
+    model = Model("a")
+    batcher = MicroBatcher(max_batch=4, max_wait_s=5.0)
+    start = time.perf_counter()
+    _run(batcher.predict(model, ["1", "2", "3", "4"]))
+    batcher.stop()
+    assert time.perf_counter() - start < 2.0
+
+
+def test_requests_that_took_different_models_are_never_answered_by_one_call():
+    old, new = Model("old"), Model("new")
+    batcher = MicroBatcher(max_batch=64, max_wait_s=0.05)
+
+    async def mixed():
+        return await asyncio.gather(*(batcher.predict(old if i % 2 else new, [f"q{i}"]) for i in range(10)))
+
+    answers = _run(mixed())
+    batcher.stop()
+    assert [a[0]["by"] for a in answers] == ["new" if i % 2 == 0 else "old" for i in range(10)]
+    assert all(t in {f"q{i}" for i in range(1, 10, 2)} for c in old.calls for t in c)
+    assert all(t in {f"q{i}" for i in range(0, 10, 2)} for c in new.calls for t in c)
+
+
+def test_a_failing_call_fails_its_requests_and_the_batcher_goes_on():
+    batcher = MicroBatcher(max_batch=64, max_wait_s=0.01)
+    with pytest.raises(RuntimeError, match="the model broke"):
+        _run(batcher.predict(Model("bad", fail=True), ["x"]))
+    assert _run(batcher.predict(Model("good"), ["y"]))[0]["by"] == "good"
+    batcher.stop()
