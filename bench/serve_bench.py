@@ -137,10 +137,10 @@ def over_http(name: str) -> dict:
 
 def quality(name: str) -> dict:
     ev = json.loads((ROOT / "results" / name / "eval.json").read_text())["sets"]["test"]
-    out = {"test_accuracy": ev["accuracy"], "ece": ev["ece_after"]}
+    out = {"test_accuracy": round(ev["accuracy"], 4), "ece": round(ev["ece_after"], 4)}
     export = ROOT / "metrics" / name / "export.json"
     if export.is_file():
-        out["agreement_test"] = json.loads(export.read_text())["agreement"]["test"]["share"]
+        out["agreement_test"] = round(json.loads(export.read_text())["agreement"]["test"]["share"], 4)
     return out
 
 

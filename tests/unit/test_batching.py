@@ -48,14 +48,30 @@ def test_concurrent_requests_share_calls_and_get_their_own_answers():
     assert all(p["latency_ms"] >= 0 for a in answers for p in a)
 
 
-def test_a_request_alone_waits_at_most_the_bound():
+def test_a_request_that_finds_the_server_idle_is_answered_at_once():
     model = Model("a")
-    batcher = MicroBatcher(max_batch=64, max_wait_s=0.02)
-    start = time.perf_counter()
-    (answer,) = _run(batcher.predict(model, ["alone"]))
-    took = time.perf_counter() - start
+    batcher = MicroBatcher(max_batch=64, max_wait_s=2.0)
+    for text in ("one", "two"):
+        start = time.perf_counter()
+        (answer,) = _run(batcher.predict(model, [text]))
+        assert answer["text"] == text and time.perf_counter() - start < 1.0
     batcher.stop()
-    assert answer["text"] == "alone" and took < 0.5 and model.calls == [["alone"]]
+    assert model.calls == [["one"], ["two"]]
+
+
+def test_under_concurrency_a_batch_waits_at_most_the_bound():
+    model = Model("a", delay=0.05)
+    batcher = MicroBatcher(max_batch=1000, max_wait_s=0.3)
+
+    async def waves():
+        await asyncio.gather(*(batcher.predict(model, [f"a{i}"]) for i in range(8)))  # now concurrent
+        start = time.perf_counter()
+        await batcher.predict(model, ["late"])  # waits for company, then goes alone
+        return time.perf_counter() - start
+
+    took = _run(waves())
+    batcher.stop()
+    assert 0.3 <= took < 2.0 and model.calls[-1] == ["late"]
 
 
 def test_a_full_batch_does_not_wait():

@@ -1,9 +1,11 @@
 """Concurrent /predict requests answered together: micro-batches with a bounded wait.
 
-The first request to arrive opens a batch; it closes when it holds `max_batch` texts or
-`max_wait_s` after it opened, whichever comes first, and one worker thread runs the model once
-on all of it. Under load a batched call costs far less per text than one call per request (the
-runtime's matrix products get their rows in one go); alone, a request waits at most max_wait_s.
+One worker thread runs the model; a batch is every request waiting when it is free. A request
+that finds the server idle (the last batch held one request) is answered at once; under
+concurrency a batch stays open until it holds `max_batch` texts or `max_wait_s` after its first
+request arrived, whichever comes first. A batched call costs far less per text than one call per
+request (the runtime's matrix products get their rows in one go); no request waits longer than
+max_wait_s for others.
 Requests are never mixed across models: a batch is split by the model each request took when
 it arrived, so a hot swap never answers a request with a model it did not start with.
 """
@@ -45,7 +47,8 @@ class MicroBatcher:
         self._queue: queue.Queue[Pending | None] = queue.Queue()
         self._thread = threading.Thread(target=self._work, name="predict-batcher", daemon=True)
         self._thread.start()
-        self.batches = self.texts = 0  # how it has gone, for /healthz
+        self.batches = self.texts = 0  # how it has gone
+        self._concurrent = False  # did the last batch hold more than one request?
 
     async def predict(self, model: Any, texts: list[str]) -> list[dict[str, Any]]:
         loop = asyncio.get_running_loop()
@@ -61,10 +64,12 @@ class MicroBatcher:
         """`first` and whatever joins it before the batch is full or its wait is over (a stop()
         meanwhile ends the wait; the batch is still answered)."""
         batch, size = [first], len(first.texts)
-        deadline = first.arrived + self.max_wait_s
+        # Alone, no waiting: whatever queued meanwhile joins, and nothing more is awaited.
+        deadline = first.arrived + (self.max_wait_s if self._concurrent else 0.0)
         while size < self.max_batch:
             try:
-                nxt = self._queue.get(timeout=max(0.0, deadline - time.perf_counter()))
+                wait = deadline - time.perf_counter()
+                nxt = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
             except queue.Empty:
                 break
             if nxt is None:
@@ -72,6 +77,7 @@ class MicroBatcher:
                 break
             batch.append(nxt)
             size += len(nxt.texts)
+        self._concurrent = len(batch) > 1
         return batch
 
     def _work(self) -> None:

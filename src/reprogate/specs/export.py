@@ -34,5 +34,8 @@ class ExportConfig(Strict):
     )
     opset: int = Field(20, ge=18, le=23, description="ONNX operator set of the exported graph.")
     batch: PosInt = Field(
-        64, le=4096, description="Texts per runtime call when scoring a split (sorted by length)."
+        16,
+        le=4096,
+        description="Texts per runtime call, sorted by length: a request of 64 queries runs as 4 calls "
+        "of 16 (less padding; 1.8x the q/s of one call of 64 for the int8 ensemble here).",
     )

@@ -375,7 +375,10 @@ class ModelSpec(Strict):
 # resumes from its checkpoint once the budget is raised; a new checkpoint interval keeps the
 # checkpoints already written. The executor runs the same loop with the same gloo/NCCL
 # all-reduce, so a run started under one resumes under the other.
-NOT_IN_TRAINING = {"description", "checkpoint", "budget", "resume_check", "max_restarts", "executor", "ray"}
+# `export` is always null for a trained family: a run's identity stays what it was before the field.
+NOT_IN_TRAINING = {
+    "description", "checkpoint", "budget", "resume_check", "max_restarts", "executor", "ray", "export",
+}  # fmt: skip
 
 
 def training_hash(spec: ModelSpec) -> str:
