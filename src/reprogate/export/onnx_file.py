@@ -9,6 +9,7 @@ which neighbours are nearest, and it is a lookup, not where the time goes.
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import warnings
 from pathlib import Path
@@ -38,6 +39,8 @@ def to_onnx(graph: Graph, inputs: list[Input], out: Path, config: ExportConfig) 
     dims = tuple({0: "batch", 1: f"{spec.member}_length"} for spec in inputs for _ in range(2))
     with tempfile.TemporaryDirectory(prefix="reprogate-onnx-") as tmp:
         fp32 = Path(tmp) / "fp32.onnx"
+        quiet = logging.getLogger("torch.onnx")  # "torchvision is not installed", per operator
+        level, quiet.level = quiet.level, logging.ERROR
         with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
             warnings.simplefilter("ignore")  # the exporter's deprecation chatter, not the user's
             torch.onnx.export(
@@ -52,6 +55,7 @@ def to_onnx(graph: Graph, inputs: list[Input], out: Path, config: ExportConfig) 
                 external_data=False,
                 verbose=False,
             )
+        quiet.setLevel(level)
         _strip_shapes(fp32)
         if config.quantize == "none":
             out.write_bytes(fp32.read_bytes())

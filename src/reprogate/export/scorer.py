@@ -68,7 +68,7 @@ class ExportScorer:
         self.device = torch.device("cpu")
         self.fingerprint = load(self.dir / "fingerprint.json", Fingerprint, damaged(self.dir))
         export = self.spec.export
-        self.featurizer = RuntimeFeaturizer(config.featurizer, self.dir, self.spec.threads, export.batch)
+        self.featurizer = RuntimeFeaturizer(config.featurizer, self.dir, self.spec.threads, export.calls_of)
         self._temperature: float | None = None
 
     @property

@@ -33,9 +33,16 @@ class ExportConfig(Strict):
         "the u8s8 product can saturate with 8 bits; ONNX Runtime recommends 7 there.",
     )
     opset: int = Field(20, ge=18, le=23, description="ONNX operator set of the exported graph.")
-    batch: PosInt = Field(
-        16,
+    batch: PosInt | None = Field(
+        None,
         le=4096,
-        description="Texts per runtime call, sorted by length: a request of 64 queries runs as 4 calls "
-        "of 16 (less padding; 1.8x the q/s of one call of 64 for the int8 ensemble here).",
+        description="Texts per runtime call, sorted by length. Default 16 for float32 (a request of 64 "
+        "queries runs as 4 calls: less padding, 1.8x the q/s of one call of 64 here); 1 for int8, "
+        "whose activation scales are computed per call, so that a query's answer never depends on "
+        "what it is batched with and the gate judges exactly what a lone query gets.",
     )
+
+    @property
+    def calls_of(self) -> int:
+        """Texts per runtime call: `batch`, or its default for the quantization."""
+        return self.batch or (1 if self.quantize == "int8" else 16)
