@@ -18,6 +18,13 @@ import pytest  # noqa: E402
 
 SHARED = REPO.parent / "shared" / "datasets"
 BIN = Path(sys.executable).parent
+# Who commits in a test's repository (promote commits and tags through git).
+IDENTITY = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@t",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@t",
+}
 
 
 # `make test` runs files on two workers (`--dist loadfile --no-loadscope-reorder`), each file

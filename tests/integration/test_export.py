@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import BIN, copy_home, dvc_cmd, git_cmd, run_cli, write_model_spec
+from conftest import BIN, IDENTITY, copy_home, dvc_cmd, git_cmd, run_cli, write_model_spec
 from fastapi.testclient import TestClient
 from safetensors.torch import load_file
 
@@ -20,13 +20,6 @@ from reprogate.predict.production import load_servable
 from reprogate.serve.app import create_app
 from reprogate.train.folder import Scorer
 from reprogate.utils.hashing import sha256_file
-
-IDENTITY = {
-    "GIT_AUTHOR_NAME": "t",
-    "GIT_AUTHOR_EMAIL": "t@t",
-    "GIT_COMMITTER_NAME": "t",
-    "GIT_COMMITTER_EMAIL": "t@t",
-}
 
 
 def _export(source: str, quantize: str) -> dict:
@@ -72,6 +65,18 @@ def test_float32_export_scores_every_split_as_its_source(project):
     for split in ("validation", "test", "calibration"):
         exported = load_file(str(project / f"data/features/duo_onnx/{split}.safetensors"))["logits"]
         torch.testing.assert_close(exported, source.split_logits(split), atol=1e-4, rtol=1e-4)
+
+
+def test_the_gate_judged_what_a_lone_query_is_answered(project):
+    """int8 runs one query per call: activation scales per call, so no answer depends on others."""
+    served = load_servable(project, project / "models/duo_int8")
+    for split in ("test", "validation"):
+        lines = [
+            json.loads(x) for x in (project / f"predictions/duo_int8/{split}.jsonl").read_text().splitlines()
+        ]
+        alone = [served.predict([x["text"]])[0] for x in lines]
+        assert [p["intent"] for p in alone] == [x["predicted"] for x in lines]
+        assert [p["probability"] for p in alone] == pytest.approx([x["probability"] for x in lines], abs=1e-5)
 
 
 def test_export_is_deterministic(project):

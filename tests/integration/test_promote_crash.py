@@ -23,14 +23,8 @@ from reprogate.predict.production import load_servable
 from reprogate.utils import locks
 from reprogate.utils.errors import UserError
 from reprogate.utils.git import PROMOTION_JOURNAL
-from tests.conftest import BIN, copy_home, git_cmd, run_cli
+from tests.conftest import BIN, IDENTITY, copy_home, git_cmd, run_cli
 
-IDENTITY = {
-    "GIT_AUTHOR_NAME": "t",
-    "GIT_AUTHOR_EMAIL": "t@t",
-    "GIT_COMMITTER_NAME": "t",
-    "GIT_COMMITTER_EMAIL": "t@t",
-}
 PAUSES = [
     "promote:planned",
     "promote:copy",

@@ -18,15 +18,10 @@ from pathlib import Path
 import pytest
 
 from reprogate.records import runlog
-from tests.conftest import REPO, copy_home, dvc_cmd, git_cmd, run_cli
+from tests.conftest import IDENTITY, REPO, copy_home, dvc_cmd, git_cmd, run_cli
 
 VENV = Path(sys.executable).resolve().parent.parent
-GIT_ID = {
-    "GIT_AUTHOR_NAME": "t",
-    "GIT_AUTHOR_EMAIL": "t@t",
-    "GIT_COMMITTER_NAME": "t",
-    "GIT_COMMITTER_EMAIL": "t@t",
-}
+GIT_ID = IDENTITY
 
 
 def make_repro(root: Path) -> subprocess.CompletedProcess:

@@ -24,7 +24,7 @@ from reprogate.export.scorer import ExportScorer
 from reprogate.records import Fingerprint, ModelConfig, write
 from reprogate.records.export import Agreement, ExportRecord
 from reprogate.specs import ModelSpec, load_spec, spec_hash
-from reprogate.train.folder import Scorer, model_version
+from reprogate.train.folder import Scorer, clear, model_version
 from reprogate.utils import paths
 from reprogate.utils.errors import UserError
 from reprogate.utils.hashing import sha256_file
@@ -41,7 +41,6 @@ def versions() -> dict[str, str]:
 def _assets(out: Path, source: Scorer, inputs: list[Input]) -> None:
     """assets/inputs.json and each encoder member's tokenizer file."""
     assets = out / "assets"
-    assets.mkdir()
     folders = {source.name: source.dir, **{s.name: s.dir for s in _members(source)}}
     for spec in inputs:
         if spec.kind == "tokens":
@@ -62,20 +61,10 @@ def _members(source: Scorer) -> list[Scorer]:
     return scorers() if scorers else []
 
 
-def _clear(out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    for name in paths.EXPORT_FILES:
-        old = out / name
-        if old.is_dir():
-            shutil.rmtree(old)
-        elif old.exists():
-            old.unlink()
-
-
 def write_folder(root: Path, name: str, spec: ModelSpec, source: Scorer) -> None:
     """models/<name>/: model.onnx, its inputs and tokenizers, labels, config, fingerprint."""
     out = root / paths.model_dir(name)
-    _clear(out)
+    clear(out)  # a model folder's files; model.onnx is written whole below
     graph, inputs = build_graph(source)
     _assets(out, source, inputs)
     to_onnx(graph, inputs, out / ONNX, spec.export)
