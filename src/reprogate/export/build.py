@@ -107,13 +107,14 @@ def export(root: Path, name: str, log=print) -> ExportRecord:
 
     judged = [s for s in splits(root, spec) if s not in UNJUDGED]
     write_features(root, name, scorer.featurizer, judged, score)
+    identity = scorer.featurizer.key()  # written by write_folder: the source's hashes, not redone
     record = ExportRecord(
         source=source.name,
-        source_version=model_version(source.dir),
+        source_version=identity["source_version"],
         format=spec.export.format,
         quantize=spec.export.quantize,
         opset=spec.export.opset,
-        runtime=versions(),
+        runtime=identity["runtime"],
         file_bytes=(root / paths.model_dir(name) / ONNX).stat().st_size,
         agreement={s: agreement(scored[s], source.split_logits(s)) for s in COMPARED if s in scored},
     )
