@@ -30,6 +30,8 @@ REASONS = {
     "low_confidence": "I am not confident enough",
     "small_margin": "two intents are too close to call",
     "out_of_scope": "it does not look like something I handle",
+    "two_requests": "it asks for two things at once; please ask for one at a time",
+    "ambiguous": "it could mean several things; please say a little more",
 }
 
 

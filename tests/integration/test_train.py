@@ -599,3 +599,32 @@ def test_exported_model_files_do_not_depend_on_offline_settings(project):
         }
 
     assert files("1") == files("0")
+
+
+def test_sentence_pair_training_resumes_bitwise_identically_and_pairs_same_intent_texts(project):
+    """encoder.contrastive (SetFit-style pairs beside the head's loss) with a head learning rate of
+    its own: the same exact resume as every other run, and each pair is two texts of one intent."""
+    spec = _encoder_spec("full")
+    spec["encoder"]["contrastive"] = {"weight": 1.0, "temperature": 0.05}
+    spec["optimizer"] = {"lr": 1e-4, "head_lr": 1e-2}
+    path = write_model_spec(project, "pairs", spec)
+    ref, killed = project / "work/pairs/reference", project / "work/pairs/killed"
+    ref.mkdir(parents=True)
+    resume_check.run_child(project, "pairs", path, ref)
+    out = resume_check.kill_and_resume(project, "pairs", path, killed, "step:3")
+    assert out["kill"]["returncode"] == -9 and out["restored_step"] == 2
+    a, b = resume_check.final_checkpoint(ref), resume_check.final_checkpoint(killed)
+    fields = resume_check.compare(a, b, tolerance=0.0)
+    assert all(f["verdict"] == "pass" for f in fields.values()), fields
+    groups = a.meta["optimizer"]["param_groups"]
+    assert [g["initial_lr"] for g in groups] == [1e-2, 1e-4]  # the head's group, then the encoder's
+
+    setup = training.Setup(project, training.Paths.for_model(project, "pairs"))
+    objective = setup.trainer().objective
+    anchors = np.arange(len(setup.feats))
+    mates = objective.partners(anchors)
+    assert (objective.partners(anchors) == mates).all()  # drawn from the batch itself, not a clock
+    labels = objective.labels.numpy()
+    assert (labels[mates] == labels[anchors]).all()
+    alone = {y for y in set(labels) if (labels == y).sum() == 1}
+    assert all(m != a or labels[a] in alone for a, m in zip(anchors, mates, strict=True))

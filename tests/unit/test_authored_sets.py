@@ -100,13 +100,12 @@ def test_real_utterances_split_by_seed_into_dev_and_test(banking, tmp_path):
     assert len({r["label"] for r in test}) == 77 and not {r["id"] for r in dev} & {r["id"] for r in test}
     assert len({r["id"] for r in dev + test}) == 231
     assert m["audit"]["overlap_with_train"]["real_dev"] == 0 == m["audit"]["overlap_with_train"]["real_test"]
-    challenge = _rows(out / "prepared" / "challenge.jsonl")
-    assert all(r["label"] is None for r in challenge)  # no intent: acting on one is a mistake
-    assert Counter(r["source_label"] for r in challenge) == {
-        "unrelated": 40,
-        "ambiguous": 40,
-        "multi_intent": 40,
-    }
+    c_dev, c_test = (_rows(out / "prepared" / f"challenge_{p}.jsonl") for p in ("dev", "test"))
+    assert all(r["label"] is None for r in c_dev + c_test)  # no intent: acting on one is a mistake
+    # A third of each kind in the dev part (the request rules' design may look at it), the rest judged.
+    assert Counter(r["source_label"] for r in c_dev) == {"unrelated": 14, "ambiguous": 14, "multi_intent": 14}
+    assert Counter(r["source_label"] for r in c_test) == {"unrelated": 26, "ambiguous": 26, "multi_intent": 26}
+    assert not {r["id"] for r in c_dev} & {r["id"] for r in c_test}
     # Another seed, another split; the same seed, the same bytes.
     spec = yaml.safe_load(BANKING.read_text())
     spec["eval_sets"]["real"]["split"]["seed"] += 1
@@ -192,6 +191,26 @@ def test_gate_holds_challenge_and_real_test_but_not_the_dev_part(tmp_path):
     ev["sets"]["challenge"] = _challenge({"ambiguous": 9})
     rules = _decide(tmp_path, ev, "kind: gate\n")
     assert rules["challenge_action_rate"]["verdict"] == "n/a"
+
+
+def test_each_kind_of_challenge_query_has_a_rule_of_its_own(tmp_path):
+    spec = (
+        "kind: gate\nthresholds: {challenge_action_rate_max: 0.5,"
+        " challenge_action_rate_max_by_kind: {unrelated: 0.0, ambiguous: 0.05, multi_intent: 0.05}}\n"
+    )
+    ev = _ev(challenge=_challenge({"unrelated": 1, "ambiguous": 0}))
+    ev["sets"]["challenge_dev"] = dict(_challenge({"unrelated": 5}), use="calibrate")  # never judged
+    rules = _decide(tmp_path, ev, spec)
+    assert rules["challenge_action_rate"]["verdict"] == "pass"  # 1 of 20 overall ...
+    assert rules["challenge_action_rate[unrelated]"] == {  # ... but one unrelated query acted on
+        "rule": "challenge_action_rate[unrelated]", "value": 0.1, "op": "<=", "threshold": 0.0, "verdict": "fail",
+        "note": "highest of ['challenge']: challenge, 1 of 10 unrelated queries acted on",
+    }  # fmt: skip
+    assert rules["challenge_action_rate[ambiguous]"]["verdict"] == "pass"
+    missing = rules["challenge_action_rate[multi_intent]"]  # no evidence is not a pass
+    assert missing["verdict"] == "fail" and missing["note"] == "no judged challenge set has multi_intent queries"
+    limits = load_spec(REPO / "specs" / "gate.yaml", GateSpec).thresholds.challenge_action_rate_max_by_kind
+    assert limits == {"unrelated": 0.0, "ambiguous": 0.05, "multi_intent": 0.05}
     assert load_spec(REPO / "specs" / "gate.yaml", GateSpec).thresholds.challenge_action_rate_max == 0.05
 
 
@@ -201,4 +220,5 @@ def test_spec_names_the_dev_and_test_parts():
         "real_utterance",
         "evaluate",
     )
-    assert sets["challenge"] == ("challenge", "evaluate") and "real" not in sets
+    assert sets["challenge_dev"] == ("challenge", "calibrate") and "real" not in sets
+    assert sets["challenge_test"] == ("challenge", "evaluate") and "challenge" not in sets

@@ -50,6 +50,17 @@ def prepared_file(root: Path, split: str) -> Path:
     return path
 
 
+def augmented_file(root: Path, spec_path: Path) -> Path:
+    """data/augmented/train.jsonl, or the error that says which stage writes it."""
+    path = root / paths.AUGMENTED
+    if not path.is_file():
+        raise UserError(
+            f"{spec_path}: augment is true, but {path} does not exist. Give the data spec an `augment` "
+            "section and run `dvc repro augment` (`reprogate stage augment`)."
+        )
+    return path
+
+
 def rows(root: Path, split: str) -> list[dict]:
     return read_jsonl(prepared_file(root, split))
 
@@ -66,7 +77,9 @@ def gold_indices(split_rows: list[dict], labels: list[str]) -> np.ndarray:
 def splits(root: Path, spec: ModelSpec) -> list[str]:
     """The prepared splits a model's features cover (the negatives only with an out-of-scope class)."""
     names = sorted(p.stem for p in (root / paths.PREPARED).glob("*.jsonl"))
-    return [n for n in names if n != "negatives" or spec.head.out_of_scope_class]
+    return [n for n in names if n != "negatives" or spec.head.out_of_scope_class] + (
+        ["augmented"] if spec.augment else []
+    )
 
 
 def split_features(root: Path, name: str, featurizer: Featurizer, split: str):
@@ -130,6 +143,9 @@ def load_train_data(root: Path, spec: ModelSpec, spec_path: Path) -> TrainData:
     files = [prepared / "labels.json", prepared / "train.jsonl"]
     index = {lbl: i for i, lbl in enumerate(labels)}
     examples = [Example(r["text"], index[r["label"]]) for r in read_jsonl(prepared / "train.jsonl")]
+    if spec.augment:
+        files.append(augmented_file(root, spec_path))
+        examples += [Example(r["text"], index[r["label"]]) for r in read_jsonl(files[-1])]
     out = list(labels)
     if spec.head.out_of_scope_class:
         neg = prepared / "negatives.jsonl"

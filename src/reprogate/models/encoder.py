@@ -183,8 +183,12 @@ class EncoderClassifier(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(pooler.width(encoder.config.hidden_size), n_out)
 
+    def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The head's input (a contrastive objective compares texts by it)."""
+        return self.pooler(self.encoder, input_ids, attention_mask)
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.head(self.dropout(self.pooler(self.encoder, input_ids, attention_mask)))
+        return self.head(self.dropout(self.embed(input_ids, attention_mask)))
 
 
 class HeadOnly(nn.Module):

@@ -93,6 +93,8 @@ def _items(p: Pipeline, which: str) -> dict[str, dict[str, str]]:
 def stage(name: str, p: Pipeline) -> dict[str, Any] | None:
     mod = runner.module(name)
     declared = mod.dvc(p)
+    if declared is None:
+        return None
     body = {"cmd": f"reprogate stage {name}" + (" ${key}" if mod.PER_MODEL else "")}
     body["deps"] = [*declared.pop("deps"), *code(name, p.root)]
     body.update(declared)

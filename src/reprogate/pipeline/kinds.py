@@ -66,6 +66,7 @@ CLASSIFIER = Kind(
     name="classify",
     stages=(
         "prepare",
+        "augment",
         "features",
         "train",
         "combine",

@@ -83,6 +83,23 @@ def apply(rule: GateRule, sets: dict, thresholds) -> dict[str, Any]:
     return verdict(rule.name, of_kind[worst][rule.metric], rule.op, threshold, note)
 
 
+def challenge_kinds(sets: dict, limits: dict[str, float]) -> list[dict[str, Any]]:
+    """One rule per kind of challenge query: its highest share acted on over the judged sets."""
+    of_kind = judged(sets, "challenge")
+    out = []
+    for kind, limit in limits.items():
+        name = f"challenge_action_rate[{kind}]"
+        seen = {n: s["by_kind"][kind] for n, s in of_kind.items() if kind in s.get("by_kind", {})}
+        if not seen:
+            out.append(verdict(name, None, "<=", limit, f"no judged challenge set has {kind} queries"))
+            continue
+        worst = max(seen, key=lambda n: seen[n]["action_rate"])
+        w = seen[worst]
+        note = f"highest of {sorted(seen)}: {worst}, {w['acted']} of {w['n']} {kind} queries acted on"
+        out.append(verdict(name, w["action_rate"], "<=", limit, note))
+    return out
+
+
 def resume_rule(resume: dict | None) -> dict[str, Any]:
     return verdict(
         "resume_equivalence",
@@ -119,6 +136,7 @@ def judge(
     gate requires it) and the comparison with production (when enabled and there is one)."""
     sets = (ev or {}).get("sets", {})
     out = [apply(r, sets, gate.thresholds) for r in rules]
+    out += challenge_kinds(sets, gate.thresholds.challenge_action_rate_max_by_kind)
     if gate.thresholds.require_resume_equivalence:
         out.append(resume_rule(resume))
     if not gate.compare_to_production.enabled:

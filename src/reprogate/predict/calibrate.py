@@ -9,9 +9,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from reprogate.data.prepared import gold_indices, rows
+from reprogate.data.prepared import gold_indices, rows, texts
+from reprogate.predict import requests
 from reprogate.predict.calibration import (
     TEMPERATURE_RANGE,
+    Policy,
+    act_mask,
     ece,
     fit_policy,
     fit_temperature,
@@ -46,10 +49,17 @@ def calibrate(root: Path, name: str, gate_path: Path) -> dict[str, Any]:
         limits.false_positive_action_rate_max,
         gate.policy_fit.confidence,
     )
+    rules = fit_request_rules(
+        Policy(temperature, policy["threshold"], policy["margin"]),
+        texts(root, "calibration"),
+        after,
+        scorer,
+        gate,
+    )
     nll = lambda p: float(-np.log(np.clip(p[np.arange(len(gold)), gold], 1e-12, None)).mean())  # noqa: E731
     result = {
         "temperature": temperature,
-        "policy": {"threshold": policy["threshold"], "margin": policy["margin"]},
+        "policy": {"threshold": policy["threshold"], "margin": policy["margin"], **rules.pop("levels")},
         "fitted_on": {
             "calibration_rows": len(gold),
             "out_of_scope_sets": oos_sets,
@@ -66,6 +76,7 @@ def calibrate(root: Path, name: str, gate_path: Path) -> dict[str, Any]:
             "ece_before": ece(before, gold)[0],
             "ece_after": ece(after, gold)[0],
             **{k: v for k, v in policy.items() if k not in ("threshold", "margin")},
+            "request_rules": rules,
         },
     }
     all_right = separable(logits, torch.from_numpy(gold))
@@ -73,6 +84,31 @@ def calibrate(root: Path, name: str, gate_path: Path) -> dict[str, Any]:
     result["warnings"] = warnings(result, gate.policy_fit.confidence, scorer.spec.data, all_right)
     write(scorer.dir / "calibration.json", CalibrationRecord.model_validate(result))
     return result
+
+
+def fit_request_rules(
+    policy: Policy, cal_texts: list[str], probs: np.ndarray, scorer, gate: GateSpec
+) -> dict:
+    """The request rules' levels (requests.py), each fitted so that it sends at most its budget of
+    the calibration queries the policy would otherwise act on to review; and what each did there."""
+    n, fit = len(cal_texts), gate.policy_fit
+    acted = act_mask(probs, policy, scorer.oos_index)
+    score = lambda parts: probabilities(scorer.text_logits(parts), policy.temperature)  # noqa: E731
+    strength = requests.two_request_strength(cal_texts, score, scorer.oos_index) * acted
+    spread = requests.spread(probs) * acted
+    levels = {
+        "two_requests": requests.fit_level(strength, n, fit.two_requests_max),
+        "ambiguous": requests.fit_level(spread, n, fit.ambiguous_max),
+    }
+    held = Policy(policy.temperature, policy.threshold, policy.margin, **levels)
+    extra = held.request_reasons(cal_texts, probs, scorer)
+    sent = {k: sum(bool(acted[i]) and k in r for i, r in enumerate(extra)) for k in levels}
+    return {
+        "levels": levels,
+        "sent_to_review": {k: v / n for k, v in sent.items()},
+        "coverage_after": float(act_mask(probs, held, scorer.oos_index, extra).mean()),
+        "with_clauses": sum(bool(requests.clauses(t)) for t in cal_texts) / n,
+    }
 
 
 def warnings(r: dict[str, Any], confidence: float, data_spec: str, all_right: bool) -> list[str]:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from scipy.special import betaincinv
 
+from reprogate.predict import requests
 from reprogate.records import CalibrationRecord
 from reprogate.train.folder import read_calibration
 
@@ -28,10 +29,21 @@ class Policy:
     temperature: float
     threshold: float  # act only when the calibrated top-1 probability is at least this
     margin: float  # ... and top-1 minus top-2 is at least this
+    two_requests: float | None = None  # predict/requests.py's rules; None: off
+    ambiguous: float | None = None
 
     @classmethod
     def of(cls, c: CalibrationRecord) -> Policy:
-        return cls(c.temperature, c.policy.threshold, c.policy.margin)
+        p = c.policy
+        return cls(c.temperature, p.threshold, p.margin, p.two_requests, p.ambiguous)
+
+    def request_reasons(self, texts: list[str], probs: np.ndarray, scorer) -> list[list[str]]:
+        """Each query's reasons for review from the request rules (requests.py), its clauses
+        scored by `scorer` (anything with text_logits) under this policy's temperature."""
+        if self.two_requests is None and self.ambiguous is None:
+            return [[] for _ in texts]
+        score = lambda parts: probabilities(scorer.text_logits(parts), self.temperature)  # noqa: E731
+        return requests.reasons(texts, probs, self.two_requests, self.ambiguous, score, scorer.oos_index)
 
     @classmethod
     def load(cls, path: Path) -> Policy:
@@ -78,9 +90,14 @@ def confidence_margin(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nda
     return probs.argmax(1), top2[:, 1], top2[:, 1] - top2[:, 0]
 
 
-def act_mask(probs: np.ndarray, policy: Policy, oos_index: int | None) -> np.ndarray:
+def act_mask(
+    probs: np.ndarray, policy: Policy, oos_index: int | None, extra: list[list[str]] | None = None
+) -> np.ndarray:
+    """Which queries are acted on; `extra`: each one's reasons from the request rules."""
     pred, conf, margin = confidence_margin(probs)
     act = (conf >= policy.threshold) & (margin >= policy.margin)
+    if extra is not None:
+        act &= np.array([not r for r in extra], dtype=bool)
     if oos_index is not None:
         act &= pred != oos_index
     return act
@@ -197,7 +214,7 @@ def ece(probs: np.ndarray, gold: np.ndarray, bins: int = N_BINS) -> tuple[float,
 
 
 def prediction(
-    probs_row: np.ndarray, labels: list[str], policy: Policy, oos_index: int | None
+    probs_row: np.ndarray, labels: list[str], policy: Policy, oos_index: int | None, extra: list[str] = ()
 ) -> dict[str, Any]:
     """The Prediction object of docs/design.md (without model version and latency, added by callers)."""
     # Stable, so a tie goes to the first label as in argmax: the served route must be the one
@@ -213,6 +230,7 @@ def prediction(
         reasons.append("low_confidence")
     if margin < policy.margin:
         reasons.append("small_margin")
+    reasons += extra  # two_requests, ambiguous
     return {
         "intent": labels[order[0]],
         "probability": round(conf, 6),

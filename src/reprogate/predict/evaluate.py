@@ -55,7 +55,8 @@ def evaluate(root: Path, name: str) -> dict[str, Any]:
         logits = scorer.split_logits(split)
         cal = probabilities(logits, policy.temperature)
         challenge = kind == "challenge"
-        _write_predictions(pred_dir / f"{split}.jsonl", rows, cal, scorer, policy, version, challenge)
+        extra = policy.request_reasons([r["text"] for r in rows], cal, scorer)
+        _write_predictions(pred_dir / f"{split}.jsonl", rows, cal, extra, scorer, policy, version, challenge)
         # The content hash lets the gate refuse to compare accuracies measured on different data.
         head = {
             "kind": kind,
@@ -63,7 +64,7 @@ def evaluate(root: Path, name: str) -> dict[str, Any]:
             **({"use": use} if use else {}),
             "data_sha256": sha256_file(source),
         }
-        act = act_mask(cal, policy, scorer.oos_index)
+        act = act_mask(cal, policy, scorer.oos_index, extra)
         if kind == "out_of_scope":
             results[split] = {
                 **head,
@@ -111,11 +112,18 @@ def _challenge(rows: list[dict], act: np.ndarray) -> dict[str, Any]:
 
 
 def _write_predictions(
-    path: Path, rows: list[dict], cal: np.ndarray, scorer, policy, version, challenge: bool
+    path: Path,
+    rows: list[dict],
+    cal: np.ndarray,
+    extra: list[list[str]],
+    scorer,
+    policy,
+    version,
+    challenge: bool,
 ) -> None:
     with open(path, "w", encoding="utf-8") as f:
-        for r, p in zip(rows, cal, strict=True):
-            said = prediction(p, scorer.labels, policy, scorer.oos_index)
+        for r, p, more in zip(rows, cal, extra, strict=True):
+            said = prediction(p, scorer.labels, policy, scorer.oos_index, more)
             # docs/design.md's name in prediction files is `predicted`, beside `gold`; a Prediction
             # object from predict or serve calls the same answer `intent`.
             line = PredictionLine(

@@ -43,15 +43,16 @@ class Loaded:
     def predict(self, texts: list[str]) -> list[dict[str, Any]]:
         start = time.perf_counter()
         probs = probabilities(self.scorer.text_logits(texts), self.policy.temperature)
+        extra = self.policy.request_reasons(texts, probs, self.scorer)
         ms = round((time.perf_counter() - start) * 1000, 3)
         return [
             {
                 "text": t,
-                **prediction(p, self.scorer.labels, self.policy, self.scorer.oos_index),
+                **prediction(p, self.scorer.labels, self.policy, self.scorer.oos_index, more),
                 "model_version": self.version,
                 "latency_ms": ms,
             }
-            for t, p in zip(texts, probs, strict=True)
+            for t, p, more in zip(texts, probs, extra, strict=True)
         ]
 
 

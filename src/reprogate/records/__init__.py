@@ -31,7 +31,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reprogate.utils.errors import UserError, first_problem, read_json
 from reprogate.utils.hashing import content_key
@@ -161,6 +161,9 @@ class CombineRecord(Record):
 class PolicyRecord(Record):
     threshold: float  # act only when the calibrated top-1 probability is at least this
     margin: float  # ... and top-1 minus top-2 is at least this
+    # Requests no single intent answers (predict/requests.py); None: the rule is off.
+    two_requests: float | None = None  # least confidence of two clauses that name different intents
+    ambiguous: float | None = None  # normalised entropy of the probabilities at or above this
 
 
 class CalibrationRecord(Record):
@@ -320,33 +323,6 @@ class Decision(Record):
     gate_spec: str | None = None
 
 
-# ------------------------------------------------------------------------------ run log
-
-
-class RunLogEntry(Record):
-    """One line of logs/<stage>.jsonl: a run of a stage, when and where it finished, and what it
-    measured about itself (wall time, throughput, memory, resumption, projection)."""
-
-    stage: str  # train@ngram, resume_check@ngram, prepare, ...
-    finished_at: AwareDatetime  # UTC
-    host: str
-    code_commit: str | None  # HEAD when the run finished; None outside a git repository
-    code_dirty: bool | None  # whether the working tree differed from HEAD
-    telemetry: dict[str, Any]
-
-
-class UpdateLine(Record):
-    """One line of runs/<m>/updates/<train key>.jsonl: an optimizer update as it happened. A run
-    killed and resumed repeats the updates after its last checkpoint: both are kept here (the
-    registry's metrics_raw); plots/<m>/train.tsv holds the one value per step that survived."""
-
-    attempt: AwareDatetime  # when the process that made this update started (UTC)
-    step: int
-    loss: float
-    lr: float
-    at: AwareDatetime  # UTC
-
-
 # ---------------------------------------------------------------------------- promote
 
 
@@ -354,6 +330,8 @@ class PinnedPolicy(Record):
     temperature: float
     threshold: float
     margin: float
+    two_requests: float | None = None
+    ambiguous: float | None = None
 
 
 # How to recover models/production.json, said wherever it is found damaged.

@@ -22,8 +22,34 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from reprogate.records import RunLogEntry, UpdateLine
+from pydantic import AwareDatetime
+
+from reprogate.records import Record
 from reprogate.utils import git, jsonl
+
+
+class RunLogEntry(Record):
+    """One line of logs/<stage>.jsonl: a run of a stage, when and where it finished, and what it
+    measured about itself (wall time, throughput, memory, resumption, projection)."""
+
+    stage: str  # train@ngram, resume_check@ngram, prepare, ...
+    finished_at: AwareDatetime  # UTC
+    host: str
+    code_commit: str | None  # HEAD when the run finished; None outside a git repository
+    code_dirty: bool | None  # whether the working tree differed from HEAD
+    telemetry: dict[str, Any]
+
+
+class UpdateLine(Record):
+    """One line of runs/<m>/updates/<train key>.jsonl: an optimizer update as it happened. A run
+    killed and resumed repeats the updates after its last checkpoint: both are kept here (the
+    registry's metrics_raw); plots/<m>/train.tsv holds the one value per step that survived."""
+
+    attempt: AwareDatetime  # when the process that made this update started (UTC)
+    step: int
+    loss: float
+    lr: float
+    at: AwareDatetime  # UTC
 
 
 def peak_rss_gb() -> float:

@@ -29,13 +29,13 @@ from reprogate.records import (
     ModelConfig,
     PredictionLine,
     TrainRecord,
-    UpdateLine,
     record_key,
     train_key,
     validated,
 )
 from reprogate.records.lm import LmTrainRecord
 from reprogate.records.revision import Revision
+from reprogate.records.runlog import UpdateLine
 from reprogate.registry import checks
 from reprogate.registry import lm as registry_lm
 from reprogate.registry.checks import FIX

@@ -62,7 +62,9 @@ class Prediction(BaseModel):
     probability: float = Field(description="Calibrated probability of the top intent.")
     alternatives: list[Alternative] = Field(description="Top-3 intents with calibrated probabilities.")
     route: Literal["act", "review"]
-    reasons: list[str] = Field(description="Why review: low_confidence, small_margin, out_of_scope.")
+    reasons: list[str] = Field(
+        description="Why review: low_confidence, small_margin, out_of_scope, two_requests, ambiguous."
+    )
     model_version: str
     latency_ms: float
 

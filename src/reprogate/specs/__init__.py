@@ -20,6 +20,7 @@ from reprogate.specs.lm import CausalLmConfig, PlanSpec, TokenizerConfig, speed_
 from reprogate.specs.loader import (
     SPEC_KINDS,
     Pipeline,
+    augments,
     find_root,
     iter_spec_files,
     json_schemas,
@@ -65,6 +66,7 @@ __all__ = [
     "iter_spec_files",
     "json_schemas",
     "load_params",
+    "augments",
     "load_pipeline",
     "load_spec",
     "pipeline_kind",

@@ -65,5 +65,9 @@ def plain_relative(key: str) -> str | None:
 
 def spec_hash(spec: BaseModel, exclude: set[str] | None = None) -> str:
     """Hash of the validated content (comments and key order do not change it)."""
-    blob = json.dumps(spec.model_dump(mode="json", exclude=exclude), sort_keys=True, separators=(",", ":"))
+    return content_hash(spec.model_dump(mode="json", exclude=exclude))
+
+
+def content_hash(dumped: dict) -> str:
+    blob = json.dumps(dumped, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()

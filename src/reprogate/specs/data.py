@@ -203,6 +203,29 @@ class Normalization(Strict):
     collapse_whitespace: bool = True
 
 
+AugmentName = Literal["typos", "casing", "fillers", "contractions", "currencies", "countries"]
+
+
+class AugmentConfig(Strict):
+    """Stage `augment`: readable variants of the train partition (data/augment.py says each rule)."""
+
+    seed: int = 0
+    copies: int = Field(1, ge=1, le=10, description="Variants drawn per train row (before dropping).")
+    transforms: list[AugmentName] = Field(
+        default_factory=lambda: ["typos", "casing", "fillers", "contractions", "currencies", "countries"],
+        min_length=1,
+        description="Which rules may change a row: typos, casing, fillers, contractions, "
+        "currencies, countries.",
+    )
+
+    @field_validator("transforms")
+    @classmethod
+    def _once(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"transforms must be distinct, got {v}")
+        return v
+
+
 class DataSpec(Strict):
     kind: Literal["data"]
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", description="Dataset id (lowercase).")
@@ -226,6 +249,11 @@ class DataSpec(Strict):
     negatives: list[Table] = Field(
         default_factory=list,
         description="Out-of-scope training examples, used by model specs that ask for an out-of-scope class.",
+    )
+    augment: AugmentConfig | None = Field(
+        None,
+        description="Seeded variants of the train rows (stage augment, data/augmented/train.jsonl), "
+        "trained on by model specs with augment: true.",
     )
 
     @field_validator("labels")

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from reprogate.specs.base import Strict
+from reprogate.specs.base import Fraction, Strict
 
 
 class Thresholds(Strict):
@@ -24,6 +24,12 @@ class Thresholds(Strict):
         le=1.0,
         description="Most share of a challenge set's queries (unrelated, ambiguous, several "
         "requests in one) acted on, on every challenge set the gate judges. null: no such rule.",
+    )
+    challenge_action_rate_max_by_kind: dict[str, Fraction] = Field(
+        default_factory=dict,
+        description="Most share acted on per kind of challenge query, e.g. {unrelated: 0.0, "
+        "ambiguous: 0.05, multi_intent: 0.05}: one rule per kind, on every challenge set the gate "
+        "judges. A kind no judged set has fails (the evidence is missing).",
     )
     ece_max: float = Field(0.10, ge=0.0, le=1.0)
     false_positive_action_rate_max: float = Field(0.01, ge=0.0, le=1.0)
@@ -69,6 +75,18 @@ class PolicyFit(Strict):
         "limits hold for the one-sided Clopper-Pearson upper bound at this confidence on the "
         "calibration data (0: the rates seen). A set too small to show its limit even with no "
         "error is held to the rate seen, and calibration.json records which applied.",
+    )
+    two_requests_max: Fraction | None = Field(
+        0.01,
+        description="Most share of the calibration queries the two-requests rule may send to review "
+        "(a query whose clauses, scored alone, name two intents); its confidence is fitted to it. "
+        "null: no such rule.",
+    )
+    ambiguous_max: Fraction | None = Field(
+        0.01,
+        description="Most share of the calibration queries the ambiguity rule may send to review (a "
+        "query whose probabilities spread over many intents); its entropy level is fitted to it. "
+        "null: no such rule.",
     )
 
 

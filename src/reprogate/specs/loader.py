@@ -175,6 +175,10 @@ def _data_of_model(spec: ModelSpec, root: Path) -> None:
             f"head.out_of_scope_class is true but the data spec {spec.data} declares no "
             "negatives; add a 'negatives' table there or set it to false",
         )
+    if spec.augment and data.augment is None:
+        fix = "add one (e.g. `augment: {seed: 0}`) or set augment to false"
+        said = f"augment is true but the data spec {spec.data} has no 'augment' section; {fix}"
+        raise Refused(("augment",), said)
 
 
 def _text_of_model(spec: ModelSpec, data_path: Path) -> None:
@@ -328,6 +332,11 @@ def pipeline_kind(root: Path) -> Literal["classify", "lm"]:
     """What the project at `root` runs, from its data spec's kind (lm: a kind: text corpus)."""
     data = root / load_params(root).data
     return "lm" if data.is_file() and read_yaml(data).get("kind") == "text" else "classify"
+
+
+def augments(p: Pipeline) -> bool:
+    """Whether the pipeline's data spec makes augmented rows (stage augment)."""
+    return p.kind == "classify" and load_spec(p.root / p.data, DataSpec).augment is not None
 
 
 def load_pipeline(root: Path) -> Pipeline:

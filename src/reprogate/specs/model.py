@@ -10,7 +10,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from reprogate.specs.base import Fraction, ModelName, Pair, PosInt, Strict, spec_hash
+from reprogate.specs.base import Fraction, ModelName, Pair, PosInt, Strict, content_hash
+from reprogate.specs.encoder import EncoderConfig
 from reprogate.specs.export import ExportConfig
 from reprogate.specs.lm import CausalLmConfig
 
@@ -28,38 +29,6 @@ class NgramConfig(Strict):
             lo, hi = getattr(self, name)
             if lo > hi:
                 raise ValueError(f"{name} is [{lo}, {hi}]: the minimum must not exceed the maximum")
-        return self
-
-
-class LoraConfig(Strict):
-    r: PosInt = 8
-    alpha: PosInt = 16
-    dropout: Fraction = 0.0
-    target_modules: list[str] = Field(default_factory=lambda: ["query", "value"])
-
-
-class EncoderConfig(Strict):
-    model: str = Field(
-        description="A local model folder, 'package:MODULE[/SUBDIR]' for a model shipped "
-        "inside an installed Python package, or a hub id pinned as 'org/name@<40-hex commit>'."
-    )
-    mode: Literal["full", "frozen", "lora"] = "full"
-    pooling: Literal["mean", "cls"] = "mean"
-    layers: PosInt = Field(
-        1,
-        description="Pool each of the last N hidden layers and concatenate them (the head "
-        "input grows N-fold). Lower layers carry lexical detail the last one smooths away.",
-    )
-    normalize: bool = Field(False, description="L2-normalise each pooled layer before it reaches the head.")
-    max_length: PosInt = 64
-    lora: LoraConfig | None = None
-
-    @model_validator(mode="after")
-    def _lora(self) -> EncoderConfig:
-        if self.mode == "lora" and self.lora is None:
-            object.__setattr__(self, "lora", LoraConfig())
-        if self.mode != "lora" and self.lora is not None:
-            raise ValueError(f"encoder.lora is set but encoder.mode is '{self.mode}'; use mode: lora")
         return self
 
 
@@ -95,6 +64,12 @@ class HeadConfig(Strict):
 
 class OptimizerConfig(Strict):
     lr: float = Field(1e-3, gt=0)
+    head_lr: float | None = Field(
+        None,
+        gt=0,
+        description="The head's learning rate when it differs from lr: a head learnt from scratch in "
+        "a few hundred updates needs far more than a pretrained encoder can take.",
+    )
     weight_decay: float = Field(0.01, ge=0)
     betas: Annotated[list[Fraction], Field(min_length=2, max_length=2)] = [0.9, 0.999]
     eps: float = Field(1e-8, gt=0)
@@ -283,6 +258,11 @@ class ModelSpec(Strict):
     budget: Budget = Budget()
     mps: MpsConfig = MpsConfig()
     resume_check: ResumeCheckConfig = ResumeCheckConfig()
+    augment: bool = Field(
+        False,
+        description="Also train on the data spec's augmented variants of the train partition "
+        "(stage augment; the data spec needs an `augment` section).",
+    )
 
     @property
     def trained(self) -> bool:
@@ -381,6 +361,18 @@ NOT_IN_TRAINING = {
 }  # fmt: skip
 
 
+# Fields added after runs existed, left out of the hash while switched off, so that a checkpoint
+# written before the field existed keeps its run's identity (and resumes) after an upgrade.
+ADDED_OFF = {("augment",): False, ("encoder", "contrastive"): None, ("optimizer", "head_lr"): None}
+
+
 def training_hash(spec: ModelSpec) -> str:
     """Hash of the model spec fields that decide the trained weights: a checkpoint's run."""
-    return spec_hash(spec, NOT_IN_TRAINING)
+    dumped = spec.model_dump(mode="json", exclude=NOT_IN_TRAINING)
+    for (*parents, key), off in ADDED_OFF.items():
+        section = dumped
+        for p in parents:
+            section = section.get(p) or {}
+        if key in section and section[key] == off:
+            del section[key]
+    return content_hash(dumped)

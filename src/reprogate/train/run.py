@@ -29,7 +29,7 @@ from reprogate.runtime.device import (
 )
 from reprogate.specs import DataSpec, ModelSpec, load_spec, training_hash
 from reprogate.train.folder import export_trained
-from reprogate.train.objectives import Classification
+from reprogate.train.objectives import Classification, PairedClassification
 from reprogate.train.trainer import Trainer, total_steps
 from reprogate.utils import imports
 from reprogate.utils import paths as project
@@ -148,7 +148,7 @@ def prepared_steps(root: Path, spec: ModelSpec, spec_path: Path) -> int | None:
     if json.loads((prepared / "labels.json").read_text()) != load_spec(data_spec, DataSpec).labels:
         return None  # prepared from another data spec
     names = ["train"] + (["negatives"] if spec.head.out_of_scope_class else [])
-    parts = [prepared / f"{n}.jsonl" for n in names]
+    parts = [prepared / f"{n}.jsonl" for n in names] + ([root / project.AUGMENTED] if spec.augment else [])
     if not all(p.is_file() for p in parts):
         return None  # prepared before the data spec had negatives: train says to rerun prepare
     return checked_total_steps(spec, spec_path, sum(len(read_jsonl(p)) for p in parts))
@@ -170,6 +170,8 @@ class Setup:
         if isinstance(self.featurizer, OnDevice):  # a frozen encoder loads onto it when first needed
             self.featurizer.device = self.device
         self.feats = self.split("train")
+        if self.spec.augment:  # in load_train_data's order: train, augmented, negatives
+            self.feats = concat(self.feats, self.split("augmented"))
         if self.spec.head.out_of_scope_class:
             self.feats = concat(self.feats, self.split("negatives"))
         self.encode_s = time.perf_counter() - t0
@@ -190,7 +192,8 @@ class Setup:
     def trainer(self):
         model, _ = self._build()
         labels = [e.label for e in self.data.examples]
-        objective = Classification(
+        paired = self.spec.encoder is not None and self.spec.encoder.contrastive is not None
+        objective = (PairedClassification if paired else Classification)(
             self.spec, self.featurizer, self.feats, labels, len(self.data.labels), self.device
         )
         return Trainer(self.spec, model, objective, self.device, self.total_steps)

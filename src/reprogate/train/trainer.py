@@ -93,11 +93,11 @@ class Trainer:
         self.rank, self.world = rank_and_world()
         self.total_steps = total_steps
         self.model.to(device)
-        params = [p for p in self.model.parameters() if p.requires_grad]
         o = spec.optimizer
         self.optimizer = torch.optim.AdamW(
-            params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
-        )
+            param_groups(self.model, o.lr, o.head_lr), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
+            weight_decay=o.weight_decay,
+        )  # fmt: skip
         warmup = round(spec.schedule.warmup_fraction * total_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_factor(spec.schedule.kind, warmup, total_steps, spec.schedule.min_lr_fraction)
@@ -224,7 +224,8 @@ class Trainer:
             if j + 1 < len(group):
                 pause_if(f"micro:{self.progress.global_step + 1}.{j + 1}")
         if self.world > 1:
-            distributed.average_gradients(self.optimizer.param_groups[0]["params"], self.world)
+            params = [p for g in self.optimizer.param_groups for p in g["params"]]
+            distributed.average_gradients(params, self.world)
             total = distributed.mean(total, self.device, self.world)
         if self.spec.optimizer.grad_clip is not None:
             self.scaler.unscale_(self.optimizer)
@@ -262,7 +263,7 @@ class Trainer:
                     if max_updates is not None and done >= max_updates:
                         break
                     group = batches[p.position : p.position + accum]
-                    lr = self.optimizer.param_groups[0]["lr"]
+                    lr = self.optimizer.param_groups[-1]["lr"]  # the spec's lr (head_lr's group is first)
                     loss = self.update(group)
                     p.global_step += 1
                     p.position += len(group)
@@ -285,6 +286,16 @@ class Trainer:
         finally:
             bar.close()
         return seen
+
+
+def param_groups(model: torch.nn.Module, lr: float, head_lr: float | None) -> list[dict]:
+    """One group of every trainable parameter, or two: the head's (`head.*`) at head_lr first."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if head_lr is None:
+        return [{"params": [p for _, p in named]}]
+    head = [p for n, p in named if n.startswith("head.")]
+    rest = [p for n, p in named if not n.startswith("head.")]
+    return [{"params": head, "lr": head_lr}, {"params": rest, "lr": lr}]
 
 
 def _jsonable(obj):

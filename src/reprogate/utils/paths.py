@@ -14,6 +14,8 @@ SPECS = Path("specs")
 MODEL_SPECS = SPECS / "models"
 RAW = Path("data/raw")
 PREPARED = Path("data/prepared")
+# Stage `augment`'s variants of the train partition: read as the split "augmented".
+AUGMENTED = Path("data/augmented/train.jsonl")
 FEATURES = Path("data/features")
 # A language model's corpus as `corpus` canonicalised and split it (train.txt, validation.txt),
 # and each model's tokenizer and token ids (`tokenize@m`).
@@ -114,7 +116,7 @@ def plots_dir(name: str) -> Path:
 
 
 def prepared_split(split: str) -> Path:
-    return PREPARED / f"{split}.jsonl"
+    return AUGMENTED if split == "augmented" else PREPARED / f"{split}.jsonl"
 
 
 def features_dir(name: str) -> Path:

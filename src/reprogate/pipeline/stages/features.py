@@ -11,15 +11,19 @@ from __future__ import annotations
 from typing import Any
 
 from reprogate.pipeline.context import Context, Result
-from reprogate.specs import Pipeline
+from reprogate.specs import Pipeline, augments
+from reprogate.utils import paths
 
 PER_MODEL = "trained"
 NUMERIC = True  # its outputs are floats: it reruns when params.yaml's numerics change
 
 
 def dvc(p: Pipeline) -> dict[str, Any]:
+    # The augmented rows, whenever the data spec makes them: one declaration serves every model,
+    # and a model without augment: true encodes the same features from the same prepared data.
+    augmented = [paths.AUGMENTED.parent.as_posix()] if augments(p) else []
     return {
-        "deps": ["data/prepared"],
+        "deps": ["data/prepared", *augmented],
         # Only what shapes the features: a head, lr or seed change does not re-encode.
         "params": [{"specs/models/${key}.yaml": ["family", "data", "${item.family}"]}],
         "outs": ["data/features/${key}"],

@@ -22,8 +22,8 @@ from typing import Any
 from reprogate.pipeline.context import Context, Result
 from reprogate.records import TrainRecord
 from reprogate.records.lm import LmTrainRecord
-from reprogate.specs import ModelSpec, Pipeline, load_spec
-from reprogate.utils.paths import LM_FILES, TRAIN_FILES
+from reprogate.specs import ModelSpec, Pipeline, augments, load_spec
+from reprogate.utils.paths import AUGMENTED, LM_FILES, TRAIN_FILES
 
 PER_MODEL = "trained"
 NUMERIC = True  # its outputs are floats: it reruns when params.yaml's numerics change
@@ -46,8 +46,9 @@ def dvc(p: Pipeline) -> dict[str, Any]:
                 ),
             ],
         }
+    augmented = [AUGMENTED.parent.as_posix()] if augments(p) else []
     return {
-        "deps": ["data/prepared", "data/features/${key}"],
+        "deps": ["data/prepared", *augmented, "data/features/${key}"],
         "params": [{"specs/models/${key}.yaml": None}],
         "outs": [f"models/${{key}}/{f}" for f in TRAIN_FILES],
         "metrics": [{"metrics/${key}/train.json": {"cache": False}}],

@@ -1,0 +1,97 @@
+"""Requests no single intent answers: two requests in one, and ambiguous ones.
+
+Both rules send a query to review with their reason, and both are fitted on the calibration
+partition alone, each allowed to send at most a chosen share of its queries to review (gate spec
+policy_fit.two_requests_max and ambiguous_max): what a rule costs in coverage is decided, not
+found out later.
+
+two_requests: the query is cut at conjunctions ("and", "also", "then", "plus", commas,
+semicolons) into clauses of two words or more. When two clauses, each scored alone, name
+different in-scope intents, both with calibrated probability at least the fitted confidence, the
+query asks for two things, and acting on one of them would drop the other.
+
+ambiguous: the normalised entropy of the query's calibrated probabilities is at least the fitted
+level. A vague query ("something is wrong with my card") spreads the model's belief over many
+intents even where its top intent clears the threshold.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import numpy as np
+
+# "and", "also", "then", "plus", "as well as" between words, or a comma/semicolon (with any of them).
+CUT = re.compile(
+    r"\s*[,;]\s*(?:and also|and then|and|also|then|plus|but)?\s+|\s+(?:and also|and then|as well as|and|also|"
+    r"plus|then)\s+",
+    re.IGNORECASE,
+)
+MIN_WORDS = 2
+
+Scores = Callable[[list[str]], np.ndarray]  # texts -> calibrated probabilities, one row each
+
+
+def clauses(text: str) -> list[str]:
+    """The query's clauses of MIN_WORDS words or more; none when it has fewer than two."""
+    parts = [p.strip(" ?.!") for p in CUT.split(text)]
+    parts = [p for p in parts if len(p.split()) >= MIN_WORDS]
+    return parts if len(parts) >= 2 else []
+
+
+def two_request_strength(texts: list[str], score: Scores, oos_index: int | None) -> np.ndarray:
+    """Per query: the largest, over pairs of its clauses naming different in-scope intents, of the
+    pair's smaller calibrated probability (0 when no such pair). Clauses are scored in one call."""
+    cut = [clauses(t) for t in texts]
+    flat = [c for cs in cut for c in cs]
+    strength = np.zeros(len(texts))
+    if not flat:
+        return strength
+    probs = score(flat)
+    pred, conf = probs.argmax(1), probs.max(1)
+    at = 0
+    for i, cs in enumerate(cut):
+        idx = range(at, at + len(cs))
+        at += len(cs)
+        named = [(int(pred[j]), float(conf[j])) for j in idx if pred[j] != oos_index]
+        pairs = [min(a[1], b[1]) for k, a in enumerate(named) for b in named[k + 1 :] if a[0] != b[0]]
+        strength[i] = max(pairs, default=0.0)
+    return strength
+
+
+def spread(probs: np.ndarray) -> np.ndarray:
+    """Entropy of each row of probabilities over its log(number of classes): 0 sure, 1 uniform."""
+    p = np.clip(probs, 1e-12, 1.0)
+    return -(p * np.log(p)).sum(1) / np.log(probs.shape[1])
+
+
+def fit_level(values: np.ndarray, n: int, budget: float | None) -> float | None:
+    """The lowest level whose `values >= level` count is at most budget * n (values of the rows
+    the rule could send to review; others count as never flagged). None: the rule is off."""
+    if budget is None:
+        return None
+    allowed = int(np.floor(budget * n + 1e-9))
+    ranked = np.sort(values[values > 0])[::-1]
+    if len(ranked) <= allowed:
+        return float(np.nextafter(0.0, 1.0))  # every candidate fits in the budget
+    return float(np.nextafter(ranked[allowed], np.inf))
+
+
+def reasons(
+    texts: list[str],
+    probs: np.ndarray,
+    two_requests: float | None,
+    ambiguous: float | None,
+    score: Scores,
+    oos_index: int | None,
+) -> list[list[str]]:
+    """Each query's reasons for review from these rules (empty when they let it through)."""
+    out: list[list[str]] = [[] for _ in texts]
+    if two_requests is not None:
+        for i in np.flatnonzero(two_request_strength(texts, score, oos_index) >= two_requests):
+            out[i].append("two_requests")
+    if ambiguous is not None:
+        for i in np.flatnonzero(spread(probs) >= ambiguous):
+            out[i].append("ambiguous")
+    return out
