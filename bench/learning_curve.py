@@ -12,7 +12,9 @@ measured on all of the pool (about 10,000 queries), and two sizes are compared o
 queries. Reported per size: each member's accuracy and their combination's (weighted
 log-probabilities, with the ensemble's fitted weights from metrics/<ensemble>/train.json when
 present), the 80% -> 90% gain with a paired 95% bootstrap interval, and a power-law
-extrapolation to 100%. Needs `make repro` first (prepared data and features). About 13
+extrapolation to 100%. Each fold's models also predict real_dev (everyday phrasings no writer of
+the pool wrote; never a training row): per size, their mean accuracy there, with a 95% bootstrap
+interval over its queries. Needs `make repro` first (prepared data and features). About 13
 minutes on 2 CPU cores.
 """
 
@@ -34,6 +36,7 @@ from reprogate.utils.jsonl import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 POOL = ("train", "validation", "calibration")
+ALSO = "real_dev"  # scored by every fold's model too: how phrasings no pool writer used move with size
 SIZES = (0.5, 0.65, 0.8, 0.9)
 FOLDS = 10
 
@@ -61,9 +64,9 @@ def training_rows(fold: np.ndarray, order: np.ndarray, k: int, size: float) -> n
 
 def held_out_log_probs(
     name: str, seed: int, sizes: tuple[float, ...] = SIZES
-) -> tuple[np.ndarray, dict[float, np.ndarray]]:
-    """Gold labels of the pool, and per size the log-probabilities each row got from the model
-    trained without its fold."""
+) -> tuple[np.ndarray, dict[float, np.ndarray], dict[float, np.ndarray]]:
+    """Gold labels of the pool, per size the log-probabilities each row got from the model
+    trained without its fold, and per size each ALSO query's share of fold models right on it."""
     setup = training.Setup(ROOT, training.Paths.for_model(ROOT, name))
     labels = setup.data.labels
     index = {lbl: i for i, lbl in enumerate(labels)}
@@ -80,6 +83,9 @@ def held_out_log_probs(
 
     fold, order = plan(y, seed)
     out = {s: np.zeros((len(y), len(labels)), np.float32) for s in sizes}
+    also_feats = setup.split(ALSO)
+    also_y = np.array([index[r["label"]] for r in read_jsonl(ROOT / "data" / "prepared" / f"{ALSO}.jsonl")])
+    also = {s: np.zeros(len(also_y)) for s in sizes}
     start = time.perf_counter()
     for k in range(FOLDS):
         held = np.flatnonzero(fold == k)
@@ -96,8 +102,10 @@ def held_out_log_probs(
             trainer.fit(show_progress=False)
             logits = predict_logits(trainer.model, setup.featurizer, take(held), setup.device)
             out[s][held] = torch.log_softmax(logits.float(), -1).numpy()
+            guess = predict_logits(trainer.model, setup.featurizer, also_feats, setup.device).argmax(-1)
+            also[s] += (guess.numpy() == also_y) / FOLDS
         print(f"{name}: fold {k + 1}/{FOLDS} done ({time.perf_counter() - start:.0f} s)", flush=True)
-    return y, out
+    return y, out, also
 
 
 def paired_gain(a: np.ndarray, b: np.ndarray, seed: int) -> tuple[float, float, float]:
@@ -138,11 +146,20 @@ def main() -> None:
         combined = sum(w[m] * results[m][1][s] for m in args.models)
         correct[s] = {m: results[m][1][s].argmax(1) == y for m in args.models}
         correct[s]["combined"] = combined.argmax(1) == y
-    n = len(y)
+    n, rng = len(y), np.random.default_rng(args.seed)
     print(f"accuracy on {n} pooled queries, each predicted by a model that did not train on it")
     print("size of pool | rows | " + " | ".join(correct[SIZES[0]]))
     for s in SIZES:
         print(f"{s:.0%} | {round(s * n)} | " + " | ".join(f"{v.mean():.4f}" for v in correct[s].values()))
+    print(f"\n{ALSO}: mean accuracy of the 10 fold models per size [95% bootstrap over its queries]")
+    for s in SIZES:
+        cells = []
+        for m in args.models:
+            right = results[m][2][s]
+            boots = [right[rng.integers(0, len(right), len(right))].mean() for _ in range(2000)]
+            lo, hi = np.percentile(boots, [2.5, 97.5])
+            cells.append(f"{m} {right.mean():.3f} [{lo:.3f}, {hi:.3f}]")
+        print(f"{s:.0%} | " + " | ".join(cells))
     for m in correct[SIZES[0]]:
         gain, lo, hi = paired_gain(correct[0.8][m], correct[0.9][m], args.seed)
         at_all = extrapolate(np.array(SIZES) * n, np.array([correct[s][m].mean() for s in SIZES]), n)
