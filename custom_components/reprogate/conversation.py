@@ -32,6 +32,7 @@ REASONS = {
     "out_of_scope": "it does not look like something I handle",
     "two_requests": "it asks for two things at once; please ask for one at a time",
     "ambiguous": "it could mean several things; please say a little more",
+    "too_short": "it is too short for me to tell what you need; please say a little more",
 }
 
 

@@ -55,10 +55,12 @@ def test_the_stage_writes_readable_pinned_variants_that_leak_no_evaluated_row(tm
     out = root / "data/augmented/train.jsonl"
     first = out.read_bytes()
     rows = [json.loads(x) for x in first.decode().splitlines()]
-    train = {r["id"]: r for r in map(json.loads, (root / "data/prepared/train.jsonl").read_text().splitlines())}
+    prepared = (root / "data/prepared/train.jsonl").read_text().splitlines()
+    train = {r["id"]: r for r in map(json.loads, prepared)}
     assert rows and all(r["source_id"] in train for r in rows)
     for r in rows:  # each variant says where it came from and which rules changed it
-        assert r["label"] == train[r["source_id"]]["label"] and r["source_text"] == train[r["source_id"]]["text"]
+        source = train[r["source_id"]]
+        assert r["label"] == source["label"] and r["source_text"] == source["text"]
         assert r["transforms"] and r["text"] != r["source_text"]
     data = load_spec(data_path, DataSpec)
     key = lambda t: augment.normalize(t, data.normalization)  # noqa: E731
@@ -87,4 +89,5 @@ def test_a_model_that_asks_for_augmented_rows_without_them_is_told_what_to_add(t
     (root / "specs/models/tiny.yaml").write_text(yaml.safe_dump(dict(spec, augment=True)))
     said = run_cli("validate", "specs/models/tiny.yaml", cwd=root)
     assert said.returncode != 0 and "Traceback" not in said.stderr
-    assert "augment is true but the data spec specs/data/home.yaml has no 'augment' section" in said.stdout + said.stderr
+    said = said.stdout + said.stderr
+    assert "augment is true but the data spec specs/data/home.yaml has no 'augment' section" in said

@@ -103,8 +103,9 @@ def test_real_utterances_split_by_seed_into_dev_and_test(banking, tmp_path):
     c_dev, c_test = (_rows(out / "prepared" / f"challenge_{p}.jsonl") for p in ("dev", "test"))
     assert all(r["label"] is None for r in c_dev + c_test)  # no intent: acting on one is a mistake
     # A third of each kind in the dev part (the request rules' design may look at it), the rest judged.
-    assert Counter(r["source_label"] for r in c_dev) == {"unrelated": 14, "ambiguous": 14, "multi_intent": 14}
-    assert Counter(r["source_label"] for r in c_test) == {"unrelated": 26, "ambiguous": 26, "multi_intent": 26}
+    kinds = ("unrelated", "ambiguous", "multi_intent")
+    assert Counter(r["source_label"] for r in c_dev) == dict.fromkeys(kinds, 14)
+    assert Counter(r["source_label"] for r in c_test) == dict.fromkeys(kinds, 26)
     assert not {r["id"] for r in c_dev} & {r["id"] for r in c_test}
     # Another seed, another split; the same seed, the same bytes.
     spec = yaml.safe_load(BANKING.read_text())
@@ -203,12 +204,14 @@ def test_each_kind_of_challenge_query_has_a_rule_of_its_own(tmp_path):
     rules = _decide(tmp_path, ev, spec)
     assert rules["challenge_action_rate"]["verdict"] == "pass"  # 1 of 20 overall ...
     assert rules["challenge_action_rate[unrelated]"] == {  # ... but one unrelated query acted on
-        "rule": "challenge_action_rate[unrelated]", "value": 0.1, "op": "<=", "threshold": 0.0, "verdict": "fail",
+        "rule": "challenge_action_rate[unrelated]", "value": 0.1, "op": "<=", "threshold": 0.0,
+        "verdict": "fail",
         "note": "highest of ['challenge']: challenge, 1 of 10 unrelated queries acted on",
     }  # fmt: skip
     assert rules["challenge_action_rate[ambiguous]"]["verdict"] == "pass"
     missing = rules["challenge_action_rate[multi_intent]"]  # no evidence is not a pass
-    assert missing["verdict"] == "fail" and missing["note"] == "no judged challenge set has multi_intent queries"
+    assert missing["verdict"] == "fail"
+    assert missing["note"] == "no judged challenge set has multi_intent queries"
     limits = load_spec(REPO / "specs" / "gate.yaml", GateSpec).thresholds.challenge_action_rate_max_by_kind
     assert limits == {"unrelated": 0.0, "ambiguous": 0.05, "multi_intent": 0.05}
     assert load_spec(REPO / "specs" / "gate.yaml", GateSpec).thresholds.challenge_action_rate_max == 0.05

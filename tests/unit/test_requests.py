@@ -26,7 +26,8 @@ def keyword_scores(texts: list[str]) -> np.ndarray:
 
 def test_clauses_are_cut_at_conjunctions_and_keep_two_words_or_more():
     assert requests.clauses("freeze my card and send me a new one") == ["freeze my card", "send me a new one"]
-    assert requests.clauses("block my card, also what is my balance?") == ["block my card", "what is my balance"]
+    said = requests.clauses("block my card, also what is my balance?")
+    assert said == ["block my card", "what is my balance"]
     assert requests.clauses("what is my balance") == []
     assert requests.clauses("card and pin") == []  # one-word parts are not requests
 
@@ -43,7 +44,7 @@ def test_reasons_reach_the_route_and_the_prediction():
     texts = ["freeze my card and send a new card", "freeze my card please"]
     probs = keyword_scores(texts)
     policy = Policy(1.0, threshold=0.3, margin=0.0, two_requests=0.5, ambiguous=None)
-    extra = requests.reasons(texts, probs, 0.5, None, keyword_scores, 3)
+    extra = requests.reasons(texts, probs, {"two_requests": 0.5}, keyword_scores, 3)
     assert extra == [["two_requests"], []]
     assert act_mask(probs, policy, 3, extra).tolist() == [False, True]
     said = prediction(probs[0], LABELS, policy, 3, extra[0])
@@ -61,7 +62,7 @@ def test_spread_is_zero_when_sure_and_one_when_uniform():
     extra=st.integers(0, 60),
     budget=st.floats(0.0, 1.0),
 )
-def test_a_fitted_level_never_sends_more_than_its_budget_and_is_the_lowest_that_does_not(values, extra, budget):
+def test_a_fitted_level_sends_no_more_than_its_budget_and_is_the_lowest_that_does_not(values, extra, budget):
     v = np.array(values)
     n = len(values) + extra
     level = requests.fit_level(v, max(n, 1), budget)
@@ -72,3 +73,31 @@ def test_a_fitted_level_never_sends_more_than_its_budget_and_is_the_lowest_that_
     if len(ranked) > allowed:  # one step lower would flag more than allowed
         assert int((v >= ranked[allowed]).sum()) > allowed
     assert requests.fit_level(v, max(n, 1), None) is None
+
+
+def test_a_query_of_fewer_words_than_the_fitted_level_is_too_short():
+    texts = ["fees", "card please", "freeze my card now please", "what is my balance today"]
+    probs = keyword_scores(texts)
+    assert requests.reasons(texts, probs, {"too_short": 2}, keyword_scores, 3) == [
+        ["too_short"],
+        ["too_short"],
+        [],
+        [],
+    ]
+    assert requests.reasons(texts, probs, {"too_short": 0}, keyword_scores, 3) == [[], [], [], []]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    counts=st.lists(st.integers(1, 12), min_size=1, max_size=80),
+    acted=st.lists(st.booleans(), min_size=80, max_size=80),
+    budget=st.floats(0.0, 0.2),
+)
+def test_the_fitted_word_level_keeps_to_its_budget_and_one_more_word_would_not(counts, acted, budget):
+    c, a = np.array(counts), np.array(acted[: len(counts)])
+    level = requests.fit_words(c, a, budget)
+    allowed = int(np.floor(budget * len(c) + 1e-9))
+    assert int((a & (c <= level)).sum()) <= allowed
+    if level < c.max():
+        assert int((a & (c <= level + 1)).sum()) > allowed
+    assert requests.fit_words(c, a, None) is None

@@ -99,6 +99,7 @@ def fit_request_rules(
     levels = {
         "two_requests": requests.fit_level(strength, n, fit.two_requests_max),
         "ambiguous": requests.fit_level(spread, n, fit.ambiguous_max),
+        "too_short": requests.fit_words(requests.words(cal_texts), acted, fit.too_short_max),
     }
     held = Policy(policy.temperature, policy.threshold, policy.margin, **levels)
     extra = held.request_reasons(cal_texts, probs, scorer)

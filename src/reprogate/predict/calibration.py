@@ -31,19 +31,23 @@ class Policy:
     margin: float  # ... and top-1 minus top-2 is at least this
     two_requests: float | None = None  # predict/requests.py's rules; None: off
     ambiguous: float | None = None
+    too_short: int | None = None
 
     @classmethod
     def of(cls, c: CalibrationRecord) -> Policy:
         p = c.policy
-        return cls(c.temperature, p.threshold, p.margin, p.two_requests, p.ambiguous)
+        return cls(c.temperature, p.threshold, p.margin, p.two_requests, p.ambiguous, p.too_short)
+
+    def levels(self) -> dict[str, float | int | None]:
+        return {"two_requests": self.two_requests, "ambiguous": self.ambiguous, "too_short": self.too_short}
 
     def request_reasons(self, texts: list[str], probs: np.ndarray, scorer) -> list[list[str]]:
         """Each query's reasons for review from the request rules (requests.py), its clauses
         scored by `scorer` (anything with text_logits) under this policy's temperature."""
-        if self.two_requests is None and self.ambiguous is None:
+        if not any(self.levels().values()):
             return [[] for _ in texts]
         score = lambda parts: probabilities(scorer.text_logits(parts), self.temperature)  # noqa: E731
-        return requests.reasons(texts, probs, self.two_requests, self.ambiguous, score, scorer.oos_index)
+        return requests.reasons(texts, probs, self.levels(), score, scorer.oos_index)
 
     @classmethod
     def load(cls, path: Path) -> Policy:

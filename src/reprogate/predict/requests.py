@@ -13,6 +13,10 @@ query asks for two things, and acting on one of them would drop the other.
 ambiguous: the normalised entropy of the query's calibrated probabilities is at least the fitted
 level. A vague query ("something is wrong with my card") spreads the model's belief over many
 intents even where its top intent clears the threshold.
+
+too_short: the query has at most the fitted number of words. "fees", "pending" or "card please"
+cannot say which of 77 intents is meant, yet a model that learnt from full sentences can be sure
+of one; the level is the most words that stay within the budget on the calibration queries.
 """
 
 from __future__ import annotations
@@ -78,20 +82,43 @@ def fit_level(values: np.ndarray, n: int, budget: float | None) -> float | None:
     return float(np.nextafter(ranked[allowed], np.inf))
 
 
+def words(texts: list[str]) -> np.ndarray:
+    return np.array([len(t.split()) for t in texts])
+
+
+def fit_words(counts: np.ndarray, acted: np.ndarray, budget: float | None) -> int | None:
+    """The most words at or below which queries the policy acts on are at most budget of all
+    (0: none is flagged). None: the rule is off."""
+    if budget is None:
+        return None
+    allowed, level = int(np.floor(budget * len(counts) + 1e-9)), 0
+    while level < counts.max(initial=0) and int((acted & (counts <= level + 1)).sum()) <= allowed:
+        level += 1
+    return level
+
+
 def reasons(
     texts: list[str],
     probs: np.ndarray,
-    two_requests: float | None,
-    ambiguous: float | None,
+    levels: dict[str, float | int | None],
     score: Scores,
     oos_index: int | None,
 ) -> list[list[str]]:
-    """Each query's reasons for review from these rules (empty when they let it through)."""
+    """Each query's reasons for review from these rules (empty when they let it through);
+    `levels`: two_requests, ambiguous and too_short as a policy holds them (None: off)."""
     out: list[list[str]] = [[] for _ in texts]
+    two_requests, ambiguous, few = (
+        levels.get("two_requests"),
+        levels.get("ambiguous"),
+        levels.get("too_short"),
+    )
     if two_requests is not None:
         for i in np.flatnonzero(two_request_strength(texts, score, oos_index) >= two_requests):
             out[i].append("two_requests")
     if ambiguous is not None:
         for i in np.flatnonzero(spread(probs) >= ambiguous):
             out[i].append("ambiguous")
+    if few:
+        for i in np.flatnonzero(words(texts) <= few):
+            out[i].append("too_short")
     return out

@@ -162,8 +162,11 @@ def _record(root: Path, name: str, cand: dict[str, Any]) -> Promoted:
             "threshold": policy.threshold,
             "margin": policy.margin,
             "temperature": evaluation.temperature,
-            **({"two_requests": policy.two_requests} if policy.two_requests is not None else {}),
-            **({"ambiguous": policy.ambiguous} if policy.ambiguous is not None else {}),
+            **{
+                k: v
+                for k in ("two_requests", "ambiguous", "too_short")
+                if (v := getattr(policy, k)) is not None
+            },
         },
         family=config.family,
     )

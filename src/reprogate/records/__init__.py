@@ -164,6 +164,7 @@ class PolicyRecord(Record):
     # Requests no single intent answers (predict/requests.py); None: the rule is off.
     two_requests: float | None = None  # least confidence of two clauses that name different intents
     ambiguous: float | None = None  # normalised entropy of the probabilities at or above this
+    too_short: int | None = None  # at most this many words
 
 
 class CalibrationRecord(Record):
@@ -332,6 +333,7 @@ class PinnedPolicy(Record):
     margin: float
     two_requests: float | None = None
     ambiguous: float | None = None
+    too_short: int | None = None
 
 
 # How to recover models/production.json, said wherever it is found damaged.

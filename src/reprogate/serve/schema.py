@@ -63,7 +63,8 @@ class Prediction(BaseModel):
     alternatives: list[Alternative] = Field(description="Top-3 intents with calibrated probabilities.")
     route: Literal["act", "review"]
     reasons: list[str] = Field(
-        description="Why review: low_confidence, small_margin, out_of_scope, two_requests, ambiguous."
+        description="Why review: low_confidence, small_margin, out_of_scope, two_requests, ambiguous, "
+        "too_short."
     )
     model_version: str
     latency_ms: float

@@ -88,6 +88,11 @@ class PolicyFit(Strict):
         "query whose probabilities spread over many intents); its entropy level is fitted to it. "
         "null: no such rule.",
     )
+    too_short_max: Fraction | None = Field(
+        0.01,
+        description="Most share of the calibration queries the too-short rule may send to review: "
+        "queries of at most N words, N the most that stays within it. null: no such rule.",
+    )
 
 
 class GateSpec(Strict):
