@@ -4,7 +4,8 @@
 
 One Markdown row per query some model got wrong: its gold intent, its text, and what each model
 answered (`ok`, or the intent it predicted, with `review` when it would not have acted); then each
-model's accuracy with a 95% bootstrap interval, and the intents every model missed. Reads
+model's accuracy with a 95% bootstrap interval, each model's paired difference from the first
+(same queries, 95% bootstrap interval of the difference), and the intents every model missed. Reads
 predictions/<m>/<set>.jsonl only (run `make repro` first); real_dev is the part of the authored
 real utterances that model choices may look at, so this never reads real_test.
 """
@@ -64,6 +65,13 @@ def main() -> None:
             f"{m}: accuracy {right.mean():.3f} [95% {lo:.3f}, {hi:.3f}] on {len(ids)}; "
             f"acted on {len(acted)}, {wrong_acts} of them wrong"
         )
+    first = np.array([preds[args.models[0]][i]["predicted"] == preds[args.models[0]][i]["gold"] for i in ids])
+    for m in args.models[1:]:
+        d = np.array([preds[m][i]["predicted"] == preds[m][i]["gold"] for i in ids], float) - first
+        lo, hi = interval(d)
+        fixed, broken = int((d > 0).sum()), int((d < 0).sum())
+        said = f"{d.mean():+.3f} [95% {lo:+.3f}, {hi:+.3f}] ({fixed} fixed, {broken} broken)"
+        print(f"{m} - {args.models[0]}: {said}")
     print(f"missed by every model ({len(missed_by_all)}): {', '.join(missed_by_all)}")
 
 

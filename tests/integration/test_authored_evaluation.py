@@ -38,3 +38,16 @@ def test_evaluate_counts_challenge_acceptance_per_kind_from_its_predictions(home
     g = json.loads((home_pipeline / "results/gate.json").read_text())
     rule = {r["rule"]: r for r in g["candidates"]["tiny"]["rules"]}["challenge_action_rate"]
     assert rule["value"] == c["action_rate"] and rule["threshold"] == 1.0
+
+
+def test_request_rules_are_fitted_within_their_budgets_and_every_route_says_why(home_pipeline):
+    cal = json.loads((home_pipeline / "models/tiny/calibration.json").read_text())
+    fitted = cal["on_calibration_data"]["request_rules"]
+    assert set(fitted["sent_to_review"]) == {"two_requests", "ambiguous", "too_short"}
+    # The spec's default budgets (policy_fit.*_max: 1%) bound what each rule took from calibration.
+    assert all(share <= 0.01 for share in fitted["sent_to_review"].values())
+    assert {"two_requests", "ambiguous", "too_short"} <= set(cal["policy"])
+    known = {"low_confidence", "small_margin", "out_of_scope", "two_requests", "ambiguous", "too_short"}
+    for f in (home_pipeline / "predictions/tiny").glob("*.jsonl"):
+        for x in read_jsonl(f):
+            assert (x["route"] == "act") == (x["reasons"] == []) and set(x["reasons"]) <= known

@@ -161,4 +161,13 @@ def summary(name: str, r: dict[str, Any]) -> str:
         f"{c['ece_after']:.4f}; act when p >= {r['policy']['threshold']:.6g} and margin >= "
         f"{r['policy']['margin']:.6g} (coverage {c['coverage']:.3f} on calibration data)"
     )
+    p, rules = r["policy"], c.get("request_rules")
+    if rules:
+        said = [
+            *([f"two requests at p >= {p['two_requests']:.3g}"] if p.get("two_requests") is not None else []),
+            *([f"ambiguous at spread >= {p['ambiguous']:.3g}"] if p.get("ambiguous") is not None else []),
+            *([f"too short at <= {p['too_short']} words"] if p.get("too_short") else []),
+        ]
+        if said:
+            line += f"; to review: {', '.join(said)} (coverage {rules['coverage_after']:.3f})"
     return "; ".join([line, *r.get("warnings", [])])
