@@ -122,7 +122,12 @@ def _mismatch(record: Promoted, model_dir: Path, since: str) -> str | None:
         return f"{model_dir} holds {now}, {since}"
     pinned = record.calibration
     if pinned and Policy.load(model_dir / "calibration.json") != Policy(
-        pinned.temperature, pinned.threshold, pinned.margin
+        pinned.temperature,
+        pinned.threshold,
+        pinned.margin,
+        pinned.two_requests,
+        pinned.ambiguous,
+        pinned.too_short,
     ):
         return f"{model_dir}/calibration.json was refitted, {since}"
     return None
