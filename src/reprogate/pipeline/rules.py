@@ -84,7 +84,10 @@ def apply(rule: GateRule, sets: dict, thresholds) -> dict[str, Any]:
 
 
 def challenge_kinds(sets: dict, limits: dict[str, float]) -> list[dict[str, Any]]:
-    """One rule per kind of challenge query: its highest share acted on over the judged sets."""
+    """One rule per kind of challenge query: its highest share acted on over the judged sets
+    (none without limits: a language model's sets have no kinds at all)."""
+    if not limits:
+        return []
     of_kind = judged(sets, "challenge")
     out = []
     for kind, limit in limits.items():
