@@ -44,7 +44,8 @@ def test_reasons_reach_the_route_and_the_prediction():
     texts = ["freeze my card and send a new card", "freeze my card please"]
     probs = keyword_scores(texts)
     policy = Policy(1.0, threshold=0.3, margin=0.0, two_requests=0.5, ambiguous=None)
-    extra = requests.reasons(texts, probs, {"two_requests": 0.5}, keyword_scores, 3)
+    strength = requests.two_request_strength(texts, keyword_scores, 3)
+    extra = requests.reasons(texts, probs, {"two_requests": 0.5}, strength)
     assert extra == [["two_requests"], []]
     assert act_mask(probs, policy, 3, extra).tolist() == [False, True]
     said = prediction(probs[0], LABELS, policy, 3, extra[0])
@@ -75,16 +76,27 @@ def test_a_fitted_level_sends_no_more_than_its_budget_and_is_the_lowest_that_doe
     assert requests.fit_level(v, max(n, 1), None) is None
 
 
+@given(budget=st.floats(0.0, 1.0))
+def test_rows_needed_is_the_fewest_calibration_queries_on_which_a_budget_can_be_kept(budget):
+    # A new query is above the highest of n calibration values with probability 1/(n + 1).
+    n = requests.rows_needed(budget)
+    if budget == 0:
+        assert n == float("inf")
+        return
+    assert 1 / (n + 1) <= budget + 1e-12
+    assert n == 0 or 1 / n > budget - 1e-12
+
+
 def test_a_query_of_fewer_words_than_the_fitted_level_is_too_short():
     texts = ["fees", "card please", "freeze my card now please", "what is my balance today"]
     probs = keyword_scores(texts)
-    assert requests.reasons(texts, probs, {"too_short": 2}, keyword_scores, 3) == [
+    assert requests.reasons(texts, probs, {"too_short": 2}, None) == [
         ["too_short"],
         ["too_short"],
         [],
         [],
     ]
-    assert requests.reasons(texts, probs, {"too_short": 0}, keyword_scores, 3) == [[], [], [], []]
+    assert requests.reasons(texts, probs, {"too_short": 0}, None) == [[], [], [], []]
 
 
 @settings(max_examples=300, deadline=None)

@@ -92,23 +92,30 @@ def fit_request_rules(
     """The request rules' levels (requests.py), each fitted so that it sends at most its budget of
     the calibration queries the policy would otherwise act on to review; and what each did there."""
     n, fit = len(cal_texts), gate.policy_fit
+    budgets = {k: getattr(fit, f"{k}_max") for k in ("two_requests", "ambiguous", "too_short")}
+    # A budget these rows cannot hold leaves its rule off (warnings() says so) rather than fitted.
+    too_few = [k for k, b in budgets.items() if b is not None and n < requests.rows_needed(b)]
+    budgets.update(dict.fromkeys(too_few))
     acted = act_mask(probs, policy, scorer.oos_index)
-    score = lambda parts: probabilities(scorer.text_logits(parts), policy.temperature)  # noqa: E731
-    strength = requests.two_request_strength(cal_texts, score, scorer.oos_index) * acted
+    # Scored once: the fit and the fitted policy's reasons read the same strengths.
+    strength = policy.two_request_strength(cal_texts, scorer) if budgets["two_requests"] is not None else None
     spread = requests.spread(probs) * acted
     levels = {
-        "two_requests": requests.fit_level(strength, n, fit.two_requests_max),
-        "ambiguous": requests.fit_level(spread, n, fit.ambiguous_max),
-        "too_short": requests.fit_words(requests.words(cal_texts), acted, fit.too_short_max),
+        "two_requests": requests.fit_level(
+            strength * acted if strength is not None else np.zeros(n), n, budgets["two_requests"]
+        ),
+        "ambiguous": requests.fit_level(spread, n, budgets["ambiguous"]),
+        "too_short": requests.fit_words(requests.words(cal_texts), acted, budgets["too_short"]),
     }
     held = Policy(policy.temperature, policy.threshold, policy.margin, **levels)
-    extra = held.request_reasons(cal_texts, probs, scorer)
+    extra = held.request_reasons(cal_texts, probs, scorer, strength)
     sent = {k: sum(bool(acted[i]) and k in r for i, r in enumerate(extra)) for k in levels}
     return {
         "levels": levels,
         "sent_to_review": {k: v / n for k, v in sent.items()},
         "coverage_after": float(act_mask(probs, held, scorer.oos_index, extra).mean()),
         "with_clauses": sum(bool(requests.clauses(t)) for t in cal_texts) / n,
+        **({"off_too_few_rows": {k: getattr(fit, f"{k}_max") for k in too_few}} if too_few else {}),
     }
 
 
@@ -149,6 +156,25 @@ def warnings(r: dict[str, Any], confidence: float, data_spec: str, all_right: bo
         out.append(
             f"the false-positive limit holds for the rate seen on {n_oos} out-of-scope queries, too few "
             "for a confidence bound (add out-of-scope queries with use: calibrate to get one)"
+        )
+    out.extend(request_rule_warnings(r, data_spec))
+    return out
+
+
+def request_rule_warnings(r: dict[str, Any], data_spec: str) -> list[str]:
+    n = r["fitted_on"]["calibration_rows"]
+    rules = r.get("on_calibration_data", {}).get("request_rules") or {}  # none before the rules
+    off = rules.get("off_too_few_rows", {})
+    out = []
+    for name, budget in off.items():
+        need = requests.rows_needed(budget)
+        out.append(
+            f"the {name} rule is off: a budget of 0 (policy_fit.{name}_max) cannot be kept on any "
+            "calibration data; set it to null to say the rule is off, or give it a share"
+            if need == float("inf")
+            else f"the {name} rule is off: {n} calibration queries cannot keep its budget of "
+            f"{budget:.3g} (policy_fit.{name}_max; at least {need} are needed): raise "
+            f"split.calibration in {data_spec} or the budget in the gate spec"
         )
     return out
 

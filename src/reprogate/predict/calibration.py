@@ -41,13 +41,22 @@ class Policy:
     def levels(self) -> dict[str, float | int | None]:
         return {"two_requests": self.two_requests, "ambiguous": self.ambiguous, "too_short": self.too_short}
 
-    def request_reasons(self, texts: list[str], probs: np.ndarray, scorer) -> list[list[str]]:
-        """Each query's reasons for review from the request rules (requests.py), its clauses
-        scored by `scorer` (anything with text_logits) under this policy's temperature."""
+    def two_request_strength(self, texts: list[str], scorer) -> np.ndarray:
+        """requests.two_request_strength, the clauses scored by `scorer` (anything with
+        text_logits and oos_index) under this policy's temperature."""
+        score = lambda parts: probabilities(scorer.text_logits(parts), self.temperature)  # noqa: E731
+        return requests.two_request_strength(texts, score, scorer.oos_index)
+
+    def request_reasons(
+        self, texts: list[str], probs: np.ndarray, scorer, strength: np.ndarray | None = None
+    ) -> list[list[str]]:
+        """Each query's reasons for review from the request rules (requests.py); `strength`:
+        this policy's two_request_strength of the texts when the caller has it already."""
         if not any(self.levels().values()):
             return [[] for _ in texts]
-        score = lambda parts: probabilities(scorer.text_logits(parts), self.temperature)  # noqa: E731
-        return requests.reasons(texts, probs, self.levels(), score, scorer.oos_index)
+        if strength is None and self.two_requests is not None:
+            strength = self.two_request_strength(texts, scorer)
+        return requests.reasons(texts, probs, self.levels(), strength)
 
     @classmethod
     def load(cls, path: Path) -> Policy:

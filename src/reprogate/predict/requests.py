@@ -17,10 +17,16 @@ intents even where its top intent clears the threshold.
 too_short: the query has at most the fitted number of words. "fees", "pending" or "card please"
 cannot say which of 77 intents is meant, yet a model that learnt from full sentences can be sure
 of one; the level is the most words that stay within the budget on the calibration queries.
+
+A budget needs enough calibration queries to be held at all (rows_needed): a new query is above
+the highest of n calibration values with probability 1/(n + 1), so on fewer than 1/budget - 1
+queries even the strictest level flags more than the budget, and calibrate leaves the rule off
+and says so rather than fit a level it cannot keep.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 
@@ -70,6 +76,13 @@ def spread(probs: np.ndarray) -> np.ndarray:
     return -(p * np.log(p)).sum(1) / np.log(probs.shape[1])
 
 
+def rows_needed(budget: float) -> float:
+    """The fewest calibration queries on which a level fitted to this budget can keep it on new
+    queries (module docstring); a budget of 0 is kept on none."""
+    need = 1 / budget - 1 if budget > 0 else math.inf
+    return need if math.isinf(need) else math.ceil(need - 1e-9)  # a tiny budget overflows to inf
+
+
 def fit_level(values: np.ndarray, n: int, budget: float | None) -> float | None:
     """The lowest level whose `values >= level` count is at most budget * n (values of the rows
     the rule could send to review; others count as never flagged). None: the rule is off."""
@@ -101,11 +114,11 @@ def reasons(
     texts: list[str],
     probs: np.ndarray,
     levels: dict[str, float | int | None],
-    score: Scores,
-    oos_index: int | None,
+    strength: np.ndarray | None,
 ) -> list[list[str]]:
     """Each query's reasons for review from these rules (empty when they let it through);
-    `levels`: two_requests, ambiguous and too_short as a policy holds them (None: off)."""
+    `levels`: two_requests, ambiguous and too_short as a policy holds them (None: off);
+    `strength`: two_request_strength of the texts, needed only when two_requests is on."""
     out: list[list[str]] = [[] for _ in texts]
     two_requests, ambiguous, few = (
         levels.get("two_requests"),
@@ -113,7 +126,9 @@ def reasons(
         levels.get("too_short"),
     )
     if two_requests is not None:
-        for i in np.flatnonzero(two_request_strength(texts, score, oos_index) >= two_requests):
+        if strength is None:
+            raise ValueError("two_requests is on: pass the texts' two_request_strength")
+        for i in np.flatnonzero(strength >= two_requests):
             out[i].append("two_requests")
     if ambiguous is not None:
         for i in np.flatnonzero(spread(probs) >= ambiguous):
