@@ -56,18 +56,17 @@ def main() -> None:
         ]
         print(f"| `{rows[0]['gold']}` | {rows[0]['text']} | {' | '.join(cells)} |")
     print()
+    right = {m: np.array([p[i]["predicted"] == p[i]["gold"] for i in ids], float) for m, p in preds.items()}
     for m in args.models:
-        right = np.array([preds[m][i]["predicted"] == preds[m][i]["gold"] for i in ids], float)
-        lo, hi = interval(right)
+        lo, hi = interval(right[m])
         acted = [preds[m][i] for i in ids if preds[m][i]["route"] == "act"]
         wrong_acts = sum(r["predicted"] != r["gold"] for r in acted)
         print(
-            f"{m}: accuracy {right.mean():.3f} [95% {lo:.3f}, {hi:.3f}] on {len(ids)}; "
+            f"{m}: accuracy {right[m].mean():.3f} [95% {lo:.3f}, {hi:.3f}] on {len(ids)}; "
             f"acted on {len(acted)}, {wrong_acts} of them wrong"
         )
-    first = np.array([preds[args.models[0]][i]["predicted"] == preds[args.models[0]][i]["gold"] for i in ids])
     for m in args.models[1:]:
-        d = np.array([preds[m][i]["predicted"] == preds[m][i]["gold"] for i in ids], float) - first
+        d = right[m] - right[args.models[0]]
         lo, hi = interval(d)
         fixed, broken = int((d > 0).sum()), int((d < 0).sum())
         said = f"{d.mean():+.3f} [95% {lo:+.3f}, {hi:+.3f}] ({fixed} fixed, {broken} broken)"

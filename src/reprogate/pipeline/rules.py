@@ -60,7 +60,8 @@ def not_applicable(name: str, note: str) -> dict[str, Any]:
 
 def judged(sets: dict, kind: str) -> dict[str, dict]:
     """The sets of a kind the gate judges: those calibration and model choices never looked at."""
-    return {n: s for n, s in sets.items() if s["kind"] == kind and s.get("use", "evaluate") == "evaluate"}
+    # A language model's sets have no kind: none of them is of any kind.
+    return {n: s for n, s in sets.items() if s.get("kind") == kind and s.get("use", "evaluate") == "evaluate"}
 
 
 def apply(rule: GateRule, sets: dict, thresholds) -> dict[str, Any]:
@@ -84,10 +85,7 @@ def apply(rule: GateRule, sets: dict, thresholds) -> dict[str, Any]:
 
 
 def challenge_kinds(sets: dict, limits: dict[str, float]) -> list[dict[str, Any]]:
-    """One rule per kind of challenge query: its highest share acted on over the judged sets
-    (none without limits: a language model's sets have no kinds at all)."""
-    if not limits:
-        return []
+    """One rule per kind of challenge query: its highest share acted on over the judged sets."""
     of_kind = judged(sets, "challenge")
     out = []
     for kind, limit in limits.items():

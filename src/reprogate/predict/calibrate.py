@@ -92,10 +92,10 @@ def fit_request_rules(
     """The request rules' levels (requests.py), each fitted so that it sends at most its budget of
     the calibration queries the policy would otherwise act on to review; and what each did there."""
     n, fit = len(cal_texts), gate.policy_fit
-    budgets = {k: getattr(fit, f"{k}_max") for k in ("two_requests", "ambiguous", "too_short")}
+    asked = {k: getattr(fit, f"{k}_max") for k in requests.RULES}
     # A budget these rows cannot hold leaves its rule off (warnings() says so) rather than fitted.
-    too_few = [k for k, b in budgets.items() if b is not None and n < requests.rows_needed(b)]
-    budgets.update(dict.fromkeys(too_few))
+    too_few = {k: b for k, b in asked.items() if b is not None and n < requests.rows_needed(b)}
+    budgets = {k: None if k in too_few else b for k, b in asked.items()}
     acted = act_mask(probs, policy, scorer.oos_index)
     # Scored once: the fit and the fitted policy's reasons read the same strengths.
     strength = policy.two_request_strength(cal_texts, scorer) if budgets["two_requests"] is not None else None
@@ -115,7 +115,7 @@ def fit_request_rules(
         "sent_to_review": {k: v / n for k, v in sent.items()},
         "coverage_after": float(act_mask(probs, held, scorer.oos_index, extra).mean()),
         "with_clauses": sum(bool(requests.clauses(t)) for t in cal_texts) / n,
-        **({"off_too_few_rows": {k: getattr(fit, f"{k}_max") for k in too_few}} if too_few else {}),
+        **({"off_too_few_rows": too_few} if too_few else {}),
     }
 
 

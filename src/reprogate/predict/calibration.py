@@ -39,7 +39,7 @@ class Policy:
         return cls(c.temperature, p.threshold, p.margin, p.two_requests, p.ambiguous, p.too_short)
 
     def levels(self) -> dict[str, float | int | None]:
-        return {"two_requests": self.two_requests, "ambiguous": self.ambiguous, "too_short": self.too_short}
+        return {k: getattr(self, k) for k in requests.RULES}
 
     def two_request_strength(self, texts: list[str], scorer) -> np.ndarray:
         """requests.two_request_strength, the clauses scored by `scorer` (anything with

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from reprogate.export.scorer import ExportScorer
-from reprogate.predict import shipped
+from reprogate.predict import requests, shipped
 from reprogate.predict.calibration import Policy, prediction, probabilities
 from reprogate.predict.scorers import open_scorer
 from reprogate.records import RESTORE_PRODUCTION, Fingerprint, ProductionRecord, Promoted, load, validated
@@ -121,15 +121,11 @@ def _mismatch(record: Promoted, model_dir: Path, since: str) -> str | None:
     if (now := model_version(model_dir)) != record.model_version:
         return f"{model_dir} holds {now}, {since}"
     pinned = record.calibration
-    if pinned and Policy.load(model_dir / "calibration.json") != Policy(
-        pinned.temperature,
-        pinned.threshold,
-        pinned.margin,
-        pinned.two_requests,
-        pinned.ambiguous,
-        pinned.too_short,
-    ):
-        return f"{model_dir}/calibration.json was refitted, {since}"
+    if pinned:
+        levels = {k: getattr(pinned, k) for k in requests.RULES}
+        kept = Policy(pinned.temperature, pinned.threshold, pinned.margin, **levels)
+        if Policy.load(model_dir / "calibration.json") != kept:
+            return f"{model_dir}/calibration.json was refitted, {since}"
     return None
 
 

@@ -39,6 +39,8 @@ CUT = re.compile(
     re.IGNORECASE,
 )
 MIN_WORDS = 2
+# The rules' names, as policies, budgets (policy_fit.<name>_max) and reasons spell them.
+RULES = ("two_requests", "ambiguous", "too_short")
 
 Scores = Callable[[list[str]], np.ndarray]  # texts -> calibrated probabilities, one row each
 

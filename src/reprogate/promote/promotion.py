@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from reprogate.predict import shipped
+from reprogate.predict import requests, shipped
 from reprogate.promote import commit as promote_commit
 from reprogate.promote.versions import next_version, tags_at
 from reprogate.records import (
@@ -162,11 +162,7 @@ def _record(root: Path, name: str, cand: dict[str, Any]) -> Promoted:
             "threshold": policy.threshold,
             "margin": policy.margin,
             "temperature": evaluation.temperature,
-            **{
-                k: v
-                for k in ("two_requests", "ambiguous", "too_short")
-                if (v := getattr(policy, k)) is not None
-            },
+            **{k: v for k in requests.RULES if (v := getattr(policy, k)) is not None},
         },
         family=config.family,
     )
