@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 from reprogate.cli import args as cli_args
+from reprogate.cli import doctor as cli_doctor
 from reprogate.cli import lm as cli_lm
 from reprogate.pipeline.runner import NAMES
 from reprogate.pipeline.verify import DEFAULT_TOLERANCE
@@ -349,6 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(sub)
 
     _add_verify(sub)
+    cli_doctor.add_parser(sub)
 
     cli_lm.add_parsers(sub, cli_args.positive_int, DEVICE_HELP)
     return p

@@ -9,6 +9,8 @@ variables, and `check()` refuses a process where a library loaded before the pin
 are each model spec's `threads` (torch.set_num_threads); MKL may not shrink them (MKL_DYNAMIC).
 Measured effects (docs/reproducibility.md): ATen capability, MKL branch and thread count each
 change a training run's bits; oneDNN and fbgemm caps did not on our models, pinned all the same.
+Across vendors, only MKL's COMPATIBLE branch is documented to agree (`gemm: portable`), and
+`reprogate doctor` (runtime/probe.py) tells in seconds whether a machine computes the reference bits.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ LEVELS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
             "MKL_CBWR": "SSE4_2",
             "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
             "ONEDNN_MAX_CPU_ISA": "SSE41",
-            "NPY_DISABLE_CPU_FEATURES": "X86_V3 X86_V4 AVX512_ICL AVX512_SPR",
+            "NPY_DISABLE_CPU_FEATURES": "X86_V3,X86_V4,AVX512_ICL,AVX512_SPR",
             "OPENBLAS_CORETYPE": "Nehalem",
         },
     ),
@@ -45,7 +47,7 @@ LEVELS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
             "MKL_ENABLE_INSTRUCTIONS": "AVX2",
             "ONEDNN_MAX_CPU_ISA": "AVX2",
             "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
-            "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR",
+            "NPY_DISABLE_CPU_FEATURES": "X86_V4,AVX512_ICL,AVX512_SPR",
             "OPENBLAS_CORETYPE": "Haswell",
         },
     ),
@@ -57,7 +59,7 @@ LEVELS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
             "MKL_ENABLE_INSTRUCTIONS": "AVX512",
             "ONEDNN_MAX_CPU_ISA": "AVX512_CORE",
             "FBGEMM_ENABLE_INSTRUCTIONS": "AVX512",
-            "NPY_DISABLE_CPU_FEATURES": "AVX512_ICL AVX512_SPR",
+            "NPY_DISABLE_CPU_FEATURES": "AVX512_ICL,AVX512_SPR",
             "OPENBLAS_CORETYPE": "SkylakeX",
         },
     ),
@@ -71,11 +73,29 @@ VARIABLES = tuple(sorted({k for _, env in LEVELS.values() for k in env} | set(AL
 ATEN_REPORTS = {"default": "DEFAULT", "avx2": "AVX2", "avx512": "AVX512"}
 
 
+# `gemm: portable`: MKL's one branch that Intel documents to give the same results on Intel and
+# other vendors' CPUs. MKL on AMD ignores every other branch and its instruction cap (measured:
+# SSE4_2, AVX2 and no pin gave the same products there, and other bits than Intel's AVX2 branch),
+# so `level` reproduces only among one vendor's CPUs. An instruction cap in the environment would
+# override the branch, so `portable` sets none and refuses a process that has one.
+PORTABLE_GEMM = {"MKL_CBWR": "COMPATIBLE"}
+UNSET_BY_PORTABLE = ("MKL_ENABLE_INSTRUCTIONS",)
+
+
 def variables(numerics: Numerics) -> dict[str, str]:
     """The environment a level pins (`native`: only the thread rules)."""
     if numerics.cpu_level == "native":
         return dict(ALWAYS)
-    return {**LEVELS[numerics.cpu_level][1], **ALWAYS}
+    env = {**LEVELS[numerics.cpu_level][1], **ALWAYS}
+    if numerics.gemm == "portable":
+        env = {k: v for k, v in env.items() if k not in UNSET_BY_PORTABLE} | PORTABLE_GEMM
+    return env
+
+
+def unset(numerics: Numerics) -> tuple[str, ...]:
+    """Variables the pin removes from the environment (they would bend it)."""
+    portable = numerics.cpu_level != "native" and numerics.gemm == "portable"
+    return UNSET_BY_PORTABLE if portable else ()
 
 
 def cpu_flags() -> set[str]:
@@ -136,6 +156,8 @@ def pin(root: Path | None) -> Numerics | None:
     numerics = read(root)
     refuse_unless_honoured(numerics, str(root / paths.PARAMS))
     os.environ.update(variables(numerics))
+    for name in unset(numerics):
+        os.environ.pop(name, None)
     os.environ[PINNED_ENV] = json.dumps(numerics.model_dump(mode="json"), sort_keys=True)
     return numerics
 
@@ -146,13 +168,16 @@ def check(root: Path) -> None:
     numerics = read(root)
     want = variables(numerics)
     wrong = {k: os.environ.get(k) for k, v in want.items() if os.environ.get(k) != v}
+    wrong |= {k: os.environ[k] for k in unset(numerics) if k in os.environ}
     capability = aten_capability()
     expected = ATEN_REPORTS.get(want.get("ATEN_CPU_CAPABILITY", ""), capability)
     if wrong or capability != expected:
         seen = ", ".join(f"{k}={v!r}" for k, v in wrong.items()) or f"ATen runs {capability}"
+        wanted = ", ".join([*(f"{k}={v}" for k, v in want.items()), *(f"no {k}" for k in unset(numerics))])
         raise UserError(
-            f"{root / paths.PARAMS}: field 'numerics.cpu_level' is '{numerics.cpu_level}', but this "
-            f"process does not run under it ({seen}; wanted {expected}): the math libraries read the "
+            f"{root / paths.PARAMS}: field 'numerics' is cpu_level '{numerics.cpu_level}', gemm "
+            f"'{numerics.gemm}', but this process does not run under it ({seen}; the pin is {wanted}, "
+            f"ATen {expected}): the math libraries read the "
             "pin when they load. Run through `reprogate ...` or `python -m reprogate ...`, which pin "
             "before torch loads; from Python, call reprogate.runtime.numerics.pin(ROOT) before "
             "importing torch."

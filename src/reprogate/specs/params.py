@@ -9,6 +9,7 @@ from pydantic import Field
 from reprogate.specs.base import Folders, ModelName, Strict
 
 CpuLevel = Literal["x86-64-v2", "x86-64-v3", "x86-64-v4", "native"]
+Gemm = Literal["portable", "level"]
 
 
 class Numerics(Strict):
@@ -25,6 +26,14 @@ class Numerics(Strict):
         "algorithms are always on). `native` pins "
         "nothing: each CPU takes its own fastest paths and a commit reproduces only on its own "
         "kind of CPU",
+    )
+    gemm: Gemm = Field(
+        "portable",
+        description="MKL's branch for torch's matrix products: `portable` (MKL_CBWR=COMPATIBLE, SSE2 "
+        "without the approximate rcpps/rsqrtps, Intel's documented branch for the same results on "
+        "Intel and AMD CPUs; about 2.4x slower products, measured) or `level` (the branch of "
+        "cpu_level: faster, but MKL ignores it on AMD CPUs, so a commit reproduces only on CPUs of "
+        "the vendor that made it). Ignored with cpu_level `native`",
     )
 
 

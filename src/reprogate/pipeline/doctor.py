@@ -1,0 +1,170 @@
+"""`reprogate doctor`: does this machine compute the committed bits? In seconds, not a rebuild.
+
+It runs the project's probe (train/probe.py) under the project's pin and compares each op's
+digest with the fingerprints committed in numerics/<level>-<gemm>.json, one per machine that
+made or checked the commit. Equal everywhere: `make repro` here gives the committed outputs.
+An op that differs names its class and the stages that use it. `--write` records this machine.
+
+A difference fails (`--ci`) only once the pin is established across vendors, i.e. the file holds
+fingerprints of two CPU vendors that agree with each other; before that it is reported, since one
+vendor's reference alone cannot say which side a difference is on.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata
+import platform
+import sys
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from reprogate.records import load, write
+from reprogate.records.numerics import MachineFingerprint, NumericReference
+from reprogate.runtime import numerics
+from reprogate.specs.loader import resolve_encoder_path
+from reprogate.utils import git
+from reprogate.utils.errors import UserError
+
+FOLDER = Path("numerics")
+
+
+def reference_path(root: Path) -> Path:
+    n = numerics.read(root)
+    return root / FOLDER / f"{n.cpu_level}-{n.gemm}.json"
+
+
+def pin_environment(root: Path) -> dict[str, str]:
+    n = numerics.read(root)
+    return numerics.variables(n) | {f"unset:{k}": "" for k in numerics.unset(n)}
+
+
+def versions() -> dict[str, str]:
+    import numpy
+    import torch
+
+    return {
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "transformers": importlib.metadata.version("transformers"),
+        "libc": " ".join(platform.libc_ver()),
+    }
+
+
+def vendor() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("vendor_id"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
+def this_machine(root: Path, ops: dict[str, dict[str, str]]) -> MachineFingerprint:
+    wanted = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_tile"}
+    return MachineFingerprint(
+        cpu=numerics.cpu_name(),
+        vendor=vendor(),
+        flags=sorted(wanted & numerics.cpu_flags()),
+        made=dt.datetime.now(dt.UTC).date().isoformat(),
+        commit=(git.head(root) or "uncommitted")[:12],
+        ops=ops,
+    )
+
+
+def _differences(ops: dict[str, dict[str, str]], ref: dict[str, dict[str, str]]) -> dict[str, list[str]]:
+    """{class: [op, ...]} of ops whose digests differ (or that one side lacks)."""
+    out: dict[str, list[str]] = {}
+    for cls in sorted(set(ops) | set(ref)):
+        mine, theirs = ops.get(cls, {}), ref.get(cls, {})
+        bad = [op for op in sorted(set(mine) | set(theirs)) if mine.get(op) != theirs.get(op)]
+        if bad:
+            out[cls] = bad
+    return out
+
+
+def established(reference: NumericReference) -> bool:
+    """Two vendors' fingerprints in the file, equal to each other: the pin holds across vendors."""
+    by_vendor = {m.vendor: m.ops for m in reference.machines.values()}
+    return len(by_vendor) >= 2 and all(
+        not _differences(o, next(iter(by_vendor.values()))) for o in by_vendor.values()
+    )
+
+
+def read_reference(path: Path, pin: dict[str, str]) -> NumericReference | None:
+    if not path.is_file():
+        return None
+    fix = f"delete {path} and run `reprogate doctor --write` on the machine whose outputs are committed."
+    ref = load(path, NumericReference, fix)
+    if ref.pin != pin:
+        raise UserError(f"{path}: field 'pin' is {ref.pin}, but params.yaml pins {pin} here; {fix}")
+    return ref
+
+
+def _probe(root: Path) -> tuple[dict[str, dict[str, str]], float]:
+    from reprogate.train import probe
+
+    try:
+        encoder = resolve_encoder_path(probe.ENCODER, root)
+    except UserError:
+        encoder = None  # an environment without the MiniLM package probes everything else
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one bar here, not the encoder's loading bar inside it
+    t0 = time.perf_counter()
+    with tqdm(total=len(probe.CLASSES), desc="doctor", unit="class", file=sys.stderr, leave=False) as bar:
+        ops = probe.fingerprint(encoder, lambda cls: (bar.set_postfix_str(cls), bar.update()))
+    return ops, time.perf_counter() - t0
+
+
+def run(root: Path, write_reference: bool = False, ci: bool = False) -> int:
+    from reprogate.train.probe import CLASSES, class_digest
+
+    numerics.check(root)
+    pin, now = pin_environment(root), versions()
+    path = reference_path(root)
+    shown = path.relative_to(root)
+    print(f"doctor: pin {', '.join(f'{k}={v}' if v else k for k, v in sorted(pin.items()))}")
+    ops, took = _probe(root)
+    me = this_machine(root, ops)
+    print(f"doctor: this machine: {me.cpu} ({me.vendor}; {', '.join(me.flags)}); probe {took:.1f} s")
+    reference = read_reference(path, pin)
+    if write_reference:
+        kept = reference.machines if reference is not None and reference.versions == now else {}
+        machines = {**kept, f"{me.vendor} {me.cpu}": me}
+        write(path, NumericReference(pin=pin, versions=now, machines=machines))
+        print(f"doctor: wrote this machine's fingerprint to {shown} ({len(machines)} machine(s)); commit it")
+        return 0
+    if reference is None:
+        raise UserError(
+            f"{shown} does not exist: no machine has recorded the fingerprint of this pin "
+            f"(numerics in params.yaml). On the machine whose outputs are committed, run "
+            f"`reprogate doctor --write` and commit {shown}."
+        )
+    if reference.versions != now:
+        raise UserError(
+            f"{shown}: field 'versions' is {reference.versions}, but this environment has {now}: "
+            "another library build computes other bits whatever the CPU. Run `make venv` (it "
+            "installs requirements.lock), or record this environment with `reprogate doctor --write`."
+        )
+    diffs = {name: _differences(ops, m.ops) for name, m in reference.machines.items()}
+    width = max(len(c) for c in ops)
+    for cls, cls_ops in ops.items():
+        bad = sorted({op for d in diffs.values() for op in d.get(cls, [])})
+        verdict = f"DIFFERS: {', '.join(bad)} ({CLASSES[cls]})" if bad else "equal"
+        print(f"  {cls:<{width}} {len(cls_ops):>3} ops  {class_digest(cls_ops)}  {verdict}")
+    made = "; ".join(f"{n} at {m.commit} ({m.made})" for n, m in reference.machines.items())
+    if not any(diffs.values()):
+        print(f"doctor: every op equal to the reference ({made}): `make repro` here gives the committed bits")
+        return 0
+    count = len({(c, o) for d in diffs.values() for c, ops_ in d.items() for o in ops_})
+    sure = established(reference)
+    print(
+        f"doctor: {count} op(s) differ from the reference ({made}): a rebuild here gives other bits in "
+        "the stages that use them (docs/reproducibility.md). "
+        + ("" if sure else "The pin is not yet established across vendors: reported, not failed.")
+    )
+    return 1 if (sure or not ci) else 0
