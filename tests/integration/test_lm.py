@@ -22,7 +22,7 @@ from reprogate.train import resume_check
 from tests.conftest import (
     BIN,
     FIXTURE_SHA,
-    NO_AVX512,
+    OLDER_CPU,
     REPO,
     TINY_GPT,
     as_another_machine,
@@ -274,7 +274,7 @@ def test_the_numeric_pin_makes_a_language_model_independent_of_the_cpu(lm_projec
         for level in ("native", "x86-64-v3"):
             pinned = dict(yaml.safe_load(original), numerics={"cpu_level": level})
             params.write_text(yaml.safe_dump(pinned, sort_keys=False))
-            for name, machine in (("this", {}), ("no_avx512", NO_AVX512)):
+            for name, machine in (("this", {}), ("older_cpu", OLDER_CPU)):
                 work = spec_path.parent / f"numerics-{level}-{name}"
                 cmd = [
                     "stage",
@@ -301,6 +301,6 @@ def test_the_numeric_pin_makes_a_language_model_independent_of_the_cpu(lm_projec
                 }
     finally:
         params.write_text(original)
-    unpinned_a, unpinned_b = digests["native", "this"], digests["native", "no_avx512"]
+    unpinned_a, unpinned_b = digests["native", "this"], digests["native", "older_cpu"]
     assert unpinned_a["model/model.safetensors"] != unpinned_b["model/model.safetensors"]
-    assert digests["x86-64-v3", "this"] == digests["x86-64-v3", "no_avx512"]
+    assert digests["x86-64-v3", "this"] == digests["x86-64-v3", "older_cpu"]

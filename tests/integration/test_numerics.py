@@ -1,11 +1,12 @@
 """The pinned numeric environment (numerics.py): what it sets, what it refuses, and the proof
 that it makes a run's bits independent of the CPU's own code paths.
 
-Another CPU is played on this one the way the math libraries see a CPU: MKL's instruction cap
-(MKL_ENABLE_INSTRUCTIONS=AVX2 is how MKL sees a CPU without AVX-512) and ATen's capability
-(ATEN_CPU_CAPABILITY=avx2, what ATen picks on such a CPU). Unpinned (`cpu_level: native`), the
-same training run on the two "machines" ends in other weights, optimizer state, predictions and
-eval.json; pinned (x86-64-v3), byte for byte the same.
+Another CPU is played on this one the way the math libraries see an older CPU (x86-64-v2, no
+AVX): ATen's capability `default` (honoured on Intel and AMD alike) and MKL's instruction cap.
+Unpinned (`cpu_level: native`), the same training run on the two "machines" ends in other
+weights and optimizer state; pinned (x86-64-v3), byte for byte the same. A second vendor cannot be
+played by variables (MKL takes its own paths on AMD whatever they say): tests/unit/test_doctor.py
+covers the fingerprint check that compares a real one with the committed reference.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import yaml
 from reprogate.runtime import numerics
 from reprogate.specs.params import Numerics
 from reprogate.utils.errors import UserError
-from tests.conftest import NO_AVX512, TINY_NGRAM, as_another_machine, make_home_project, write_model_spec
+from tests.conftest import OLDER_CPU, TINY_NGRAM, as_another_machine, make_home_project, write_model_spec
 
 STAGES = ("features", "train", "calibrate", "evaluate")
 
@@ -56,27 +57,45 @@ def _run(tmp: Path, level: str, machine: dict[str, str]) -> dict[str, str]:
 def runs(tmp_path_factory) -> dict[tuple[str, str], dict[str, str]]:
     out = {}
     for level in ("native", "x86-64-v3"):
-        for name, machine in (("this", {}), ("no_avx512", NO_AVX512)):
+        for name, machine in (("this", {}), ("older_cpu", OLDER_CPU)):
             out[level, name] = _run(tmp_path_factory.mktemp(f"{level}-{name}"), level, machine)
     return out
 
 
 def test_unpinned_runs_change_bits_with_the_cpu(runs):
-    a, b = runs["native", "this"], runs["native", "no_avx512"]
+    a, b = runs["native", "this"], runs["native", "older_cpu"]
     differ = {f for f in a if a[f] != b[f]}
     assert "models/tiny/model.safetensors" in differ and any("optimizer" in f for f in differ), differ
 
 
 def test_pinned_runs_are_bitwise_equal_across_cpus(runs):
-    assert runs["x86-64-v3", "this"] == runs["x86-64-v3", "no_avx512"]
+    assert runs["x86-64-v3", "this"] == runs["x86-64-v3", "older_cpu"]
 
 
 def test_the_pin_sets_each_library_and_the_thread_rules():
     env = numerics.variables(Numerics(cpu_level="x86-64-v3"))
-    assert env["ATEN_CPU_CAPABILITY"] == "avx2" and env["MKL_CBWR"] == "AVX2"
+    # The default products take MKL's one branch documented as equal on Intel and AMD, and no
+    # instruction cap (one would override the branch).
+    assert env["ATEN_CPU_CAPABILITY"] == "avx2" and env["MKL_CBWR"] == "COMPATIBLE"
+    assert "MKL_ENABLE_INSTRUCTIONS" not in env
     assert env["ONEDNN_MAX_CPU_ISA"] == "AVX2" and env["MKL_DYNAMIC"] == "FALSE"
-    assert "X86_V4" in env["NPY_DISABLE_CPU_FEATURES"].split()
+    assert "X86_V4" in env["NPY_DISABLE_CPU_FEATURES"].split(",")
+    level = numerics.variables(Numerics(cpu_level="x86-64-v3", gemm="level"))
+    assert level["MKL_CBWR"] == "AVX2" and level["MKL_ENABLE_INSTRUCTIONS"] == "AVX2"
     assert set(numerics.variables(Numerics(cpu_level="native"))) == set(numerics.ALWAYS)
+
+
+def test_the_portable_pin_removes_an_instruction_cap_and_refuses_one_set_later(tmp_path, monkeypatch):
+    root = make_home_project(tmp_path)
+    for name in numerics.VARIABLES:  # so that what pin() sets is undone after the test
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "AVX512")
+    numerics.pin(root)
+    assert "MKL_ENABLE_INSTRUCTIONS" not in numerics.os.environ
+    monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "AVX512")
+    with pytest.raises(UserError) as e:
+        numerics.check(root)
+    assert "MKL_ENABLE_INSTRUCTIONS='AVX512'" in str(e.value) and "no MKL_ENABLE_INSTRUCTIONS" in str(e.value)
 
 
 def test_a_cpu_without_the_level_is_refused(monkeypatch):

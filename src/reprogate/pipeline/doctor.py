@@ -12,6 +12,7 @@ vendor's reference alone cannot say which side a difference is on.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import importlib.metadata
 import platform
@@ -121,23 +122,14 @@ def _probe(root: Path) -> tuple[dict[str, dict[str, str]], float]:
 
 
 def run(root: Path, write_reference: bool = False, ci: bool = False) -> int:
-    from reprogate.train.probe import CLASSES, class_digest
-
     numerics.check(root)
     pin, now = pin_environment(root), versions()
     path = reference_path(root)
-    shown = path.relative_to(root)
     print(f"doctor: pin {', '.join(f'{k}={v}' if v else k for k, v in sorted(pin.items()))}")
-    ops, took = _probe(root)
-    me = this_machine(root, ops)
-    print(f"doctor: this machine: {me.cpu} ({me.vendor}; {', '.join(me.flags)}); probe {took:.1f} s")
-    reference = read_reference(path, pin)
     if write_reference:
-        kept = reference.machines if reference is not None and reference.versions == now else {}
-        machines = {**kept, f"{me.vendor} {me.cpu}": me}
-        write(path, NumericReference(pin=pin, versions=now, machines=machines))
-        print(f"doctor: wrote this machine's fingerprint to {shown} ({len(machines)} machine(s)); commit it")
-        return 0
+        return _write(root, path, pin, now)
+    reference = read_reference(path, pin)
+    shown = path.relative_to(root)
     if reference is None:
         raise UserError(
             f"{shown} does not exist: no machine has recorded the fingerprint of this pin "
@@ -150,6 +142,35 @@ def run(root: Path, write_reference: bool = False, ci: bool = False) -> int:
             "another library build computes other bits whatever the CPU. Run `make venv` (it "
             "installs requirements.lock), or record this environment with `reprogate doctor --write`."
         )
+    return _compare(root, reference, ci)
+
+
+def _write(root: Path, path: Path, pin: dict[str, str], now: dict[str, str]) -> int:
+    """This machine's fingerprint into the file; machines of another pin or build are dropped."""
+    old = NumericReference(pin=pin, versions=now, machines={})
+    if path.is_file():
+        with contextlib.suppress(UserError):
+            old = read_reference(path, pin) or old
+    me = _measured(root)
+    kept = old.machines if old.versions == now else {}
+    machines = {**kept, f"{me.vendor} {me.cpu}": me}
+    write(path, NumericReference(pin=pin, versions=now, machines=machines))
+    shown = path.relative_to(root)
+    print(f"doctor: wrote this machine's fingerprint to {shown} ({len(machines)} machine(s))")
+    return 0
+
+
+def _measured(root: Path) -> MachineFingerprint:
+    ops, took = _probe(root)
+    me = this_machine(root, ops)
+    print(f"doctor: this machine: {me.cpu} ({me.vendor}; {', '.join(me.flags)}); probe {took:.1f} s")
+    return me
+
+
+def _compare(root: Path, reference: NumericReference, ci: bool) -> int:
+    from reprogate.train.probe import CLASSES, class_digest
+
+    ops = _measured(root).ops
     diffs = {name: _differences(ops, m.ops) for name, m in reference.machines.items()}
     width = max(len(c) for c in ops)
     for cls, cls_ops in ops.items():
@@ -160,7 +181,7 @@ def run(root: Path, write_reference: bool = False, ci: bool = False) -> int:
     if not any(diffs.values()):
         print(f"doctor: every op equal to the reference ({made}): `make repro` here gives the committed bits")
         return 0
-    count = len({(c, o) for d in diffs.values() for c, ops_ in d.items() for o in ops_})
+    count = len({(c, o) for d in diffs.values() for c, found in d.items() for o in found})
     sure = established(reference)
     print(
         f"doctor: {count} op(s) differ from the reference ({made}): a rebuild here gives other bits in "
