@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: venv repro repro-lm remote test test-unit test-home-assistant bench-home-assistant lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy bench-registry bench-engines bench-lm bench-serve clean
+.PHONY: venv repro repro-lm remote test test-unit test-home-assistant bench-home-assistant lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy bench-registry bench-engines bench-lm bench-flake bench-serve clean
 
 # Rebuilt whenever the lock or the project metadata changes. uv installs the lock (the same pins
 # pip would, in seconds instead of minutes); it reads pip's find-links (where this machine keeps
@@ -123,6 +123,12 @@ bench-engines: venv
 
 # The best language model five minutes train here: five sizes, 0.2M to 4M parameters, each under
 # the same planned budget, compared on a dev slice of train (~30 min; needs `make repro-lm` first).
+# The language model's per-process flake check: 40 fresh trainings of lm's resume-check spec
+# beside a busy loop must give one hash, and 20 kill-and-resume checks must pass (about 35 min).
+bench-flake: venv
+	cd lm && dvc repro tokenize@gpt
+	python bench/lm_flake.py
+
 bench-lm: venv
 	python bench/lm_sweep.py
 

@@ -1,82 +1,117 @@
-"""`reprogate verify`: a rebuild's outputs against a commit's, each bitwise, within tolerance or
-different, and the exit status that says the worst."""
+"""`reprogate verify`: a rebuild's outputs against a commit's, each bitwise, within tolerance,
+different or missing (hashed from the files themselves), whether the decisions held, and the exit
+status that says the worst."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
-from reprogate.pipeline.verify import compare, verify
+from reprogate.pipeline.verify import DECISIONS_CHANGED, compare, output_md5, verify
 from reprogate.utils.errors import UserError
 from tests.conftest import git_cmd
 
+EVAL = {"acc": 0.9, "sets": {"test": {"ece": 0.0125}}, "n": 3}
 
-def _lock(outs: dict[str, str]) -> str:
-    return yaml.safe_dump(
-        {
-            "schema": "2.0",
-            "stages": {"s": {"cmd": "x", "outs": [{"path": p, "md5": m} for p, m in outs.items()]}},
-        }
-    )
+
+def _gate(verdict: str = "fail", chosen: str | None = None) -> dict:
+    rule = {"rule": "accuracy", "value": 0.9, "op": ">=", "threshold": 0.93, "verdict": verdict}
+    cand = {"passed": verdict == "pass", "heldout_accuracy": 0.9, "model_version": "m@1", "rules": [rule]}
+    return {"passed": chosen is not None, "chosen": chosen, "reasons": [], "candidates": {"m": cand}}
+
+
+def _files(root: Path, eval_json: dict, weights: bytes, gate: dict) -> None:
+    for d in ("metrics", "models/m", "results"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    (root / "metrics" / "eval.json").write_text(json.dumps(eval_json))
+    (root / "models" / "m" / "model.safetensors").write_bytes(weights)
+    (root / "results" / "gate.json").write_text(json.dumps(gate))
+    (root / "params.yaml").write_text("data: d\nmodels: [m]\ngate: g\n")
+
+
+def _lock(root: Path) -> str:
+    outs = [
+        {"path": p, "md5": output_md5(root / p)}
+        for p in ("metrics/eval.json", "models/m", "results/gate.json")
+    ]
+    return yaml.safe_dump({"schema": "2.0", "stages": {"s": {"cmd": "x", "outs": outs}}})
 
 
 @pytest.fixture
 def repo(tmp_path) -> Path:
     root = tmp_path / "repo"
-    (root / "metrics").mkdir(parents=True)
-    (root / "params.yaml").write_text("data: d\nmodels: [m]\ngate: g\n")
-    (root / "metrics" / "eval.json").write_text(
-        json.dumps({"acc": 0.9, "sets": {"test": {"ece": 0.0125}}, "n": 3})
-    )
-    (root / "dvc.lock").write_text(_lock({"metrics/eval.json": "aaa", "models/m": "bbb.dir"}))
+    _files(root, EVAL, b"weights", _gate())
+    (root / "dvc.lock").write_text(_lock(root))
     git_cmd(root, "init", "-q")
     git_cmd(root, "add", "-A")
     git_cmd(root, "commit", "-qm", "c")
     return root
 
 
-def _rebuilt(tmp_path: Path, outs: dict[str, str], eval_json: dict | None) -> Path:
+def _rebuilt(
+    tmp_path: Path, eval_json: dict = EVAL, weights: bytes = b"weights", gate: dict | None = None
+) -> Path:
     d = tmp_path / "rebuilt"
-    (d / "metrics").mkdir(parents=True)
-    (d / "dvc.lock").write_text(_lock(outs))
-    if eval_json is not None:
-        (d / "metrics" / "eval.json").write_text(json.dumps(eval_json))
+    _files(d, eval_json, weights, gate or _gate())
+    (d / "dvc.lock").write_text(_lock(d))
     return d
 
 
-def test_the_same_hashes_are_bitwise_and_exit_0(repo, tmp_path):
-    d = _rebuilt(tmp_path, {"metrics/eval.json": "aaa", "models/m": "bbb.dir"}, None)
-    status, said = verify(repo, "HEAD", d, 1e-6)
-    assert status == 0 and "2 bitwise, 0 within tolerance, 0 different of 2 outputs" in said
+def test_the_same_bytes_are_bitwise_and_exit_0(repo, tmp_path):
+    status, said = verify(repo, "HEAD", _rebuilt(tmp_path), 1e-6)
+    assert status == 0 and "3 bitwise, 0 within tolerance, 0 different, 0 missing of 3 outputs" in said
+    assert "decisions: gate verdicts and chosen candidate held" in said
+
+
+def test_a_copied_dvc_lock_is_not_a_rebuild(repo, tmp_path):
+    forged = tmp_path / "forged"
+    forged.mkdir()
+    shutil.copy(repo / "dvc.lock", forged / "dvc.lock")
+    shutil.copy(repo / "params.yaml", forged / "params.yaml")
+    status, said = verify(repo, "HEAD", forged, 1e-6)
+    assert status == 3 and "0 bitwise" in said and "3 missing" in said
+    (forged / "models" / "m").mkdir(parents=True)
+    (forged / "models" / "m" / "model.safetensors").write_bytes(b"other")
+    assert {v.path: v.verdict for v in compare(repo, "HEAD", forged, 1e-6)}["models/m"] == "different"
 
 
 def test_a_moved_number_is_within_tolerance_with_its_field(repo, tmp_path):
     moved = {"acc": 0.9, "sets": {"test": {"ece": 0.0125 + 3e-8}}, "n": 3}
-    d = _rebuilt(tmp_path, {"metrics/eval.json": "zzz", "models/m": "bbb.dir"}, moved)
-    [ev, model] = compare(repo, "HEAD", d, 1e-6)
+    d = _rebuilt(tmp_path, moved)
+    verdicts = {v.path: v for v in compare(repo, "HEAD", d, 1e-6)}
+    ev = verdicts["metrics/eval.json"]
     assert ev.verdict == "within tolerance" and "sets.test.ece" in ev.detail and "3e-08" in ev.detail
-    assert model.verdict == "bitwise"
+    assert verdicts["models/m"].verdict == "bitwise"
     assert verify(repo, "HEAD", d, 1e-6)[0] == 1
     assert verify(repo, "HEAD", d, 1e-9)[0] == 3  # the same move past a tighter tolerance
 
 
-def test_a_changed_binary_or_field_is_different_and_exit_3(repo, tmp_path):
-    changed = {"acc": 0.9, "sets": {"test": {"ece": "n/a"}}, "n": 3}
-    d = _rebuilt(tmp_path, {"metrics/eval.json": "zzz", "models/m": "ccc.dir"}, changed)
-    verdicts = {v.path: v for v in compare(repo, "HEAD", d, 1e-6)}
-    assert verdicts["metrics/eval.json"].verdict == "different"
-    assert verdicts["models/m"].verdict == "different"
-    assert verify(repo, "HEAD", d, 1.0)[0] == 3
+def test_changed_bits_with_every_decision_held_say_so(repo, tmp_path):
+    d = _rebuilt(tmp_path, {"acc": 0.9, "sets": {"test": {"ece": "n/a"}}, "n": 3}, b"other weights")
+    status, said = verify(repo, "HEAD", d, 1.0)
+    assert status == 3 and "decisions held" in said
 
 
-def test_a_bad_revision_or_folder_is_one_paragraph(repo, tmp_path):
+def test_a_gate_verdict_that_moved_is_a_changed_decision(repo, tmp_path):
+    d = _rebuilt(tmp_path, gate=_gate("pass", chosen="m"))
+    status, said = verify(repo, "HEAD", d, 1e-6)
+    assert status == DECISIONS_CHANGED and "decisions: gate verdicts and chosen candidate CHANGED" in said
+    assert "chosen: None -> m" in said and "m: accuracy: fail -> pass" in said
+
+
+def test_a_bad_revision_folder_or_lock_is_one_paragraph(repo, tmp_path):
     with pytest.raises(UserError, match="'nope' is not a commit"):
         verify(repo, "nope", None, 1e-6)
-    with pytest.raises(UserError, match="no dvc.lock there; run `make repro` in it first"):
+    with pytest.raises(UserError, match="not a rebuilt project"):
         verify(repo, "HEAD", tmp_path, 1e-6)
+    (repo / "dvc.lock").write_text("stages: [unclosed\n")
+    git_cmd(repo, "commit", "-qam", "damaged lock")
+    with pytest.raises(UserError, match="is not a dvc.lock DVC wrote"):
+        verify(repo, "HEAD", _rebuilt(tmp_path), 1e-6)
 
 
 def test_the_pr_report_says_whether_the_base_reproduced(repo, tmp_path):
@@ -84,11 +119,10 @@ def test_the_pr_report_says_whether_the_base_reproduced(repo, tmp_path):
     from reprogate.report.markdown import _reproduced
 
     moved = {"acc": 0.9, "sets": {"test": {"ece": 0.0125 + 3e-8}}, "n": 3}
-    d = _rebuilt(tmp_path, {"metrics/eval.json": "zzz", "models/m": "bbb.dir"}, moved)
-    said = "\n".join(_reproduced(reproduced(repo, "HEAD", d)))
-    assert "Rebuilt here from nothing: **within tolerance** (1 bitwise, 1 within tolerance 1e-06" in said
+    said = "\n".join(_reproduced(reproduced(repo, "HEAD", _rebuilt(tmp_path, moved))))
+    assert "Rebuilt here from nothing: **within tolerance** (2 bitwise, 1 within tolerance 1e-06" in said
     assert "| metrics/eval.json | within tolerance | max difference 3e-08 in sets.test.ece" in said
-    d = _rebuilt(tmp_path / "2", {"metrics/eval.json": "aaa", "models/m": "bbb.dir"}, None)
-    assert "**bitwise** (2 bitwise, 0 within tolerance 1e-06, 0 different" in "\n".join(
+    d = _rebuilt(tmp_path / "2")
+    assert "**bitwise** (3 bitwise, 0 within tolerance 1e-06, 0 different, 0 missing" in "\n".join(
         _reproduced(reproduced(repo, "HEAD", d))
     )

@@ -4,12 +4,17 @@ The commit is checked out in a temporary git worktree and rebuilt from nothing w
 code (PYTHONPATH names the worktree's src/) under its own pinned numeric environment, with a
 DVC cache of its own and no run-cache, so nothing is restored instead of recomputed. Each
 output of the commit's dvc.lock is then one of:
-- bitwise: the same md5 as the commit's dvc.lock;
+- bitwise: the file's own bytes hash to the md5 of the commit's dvc.lock (never the rebuild's
+  dvc.lock, which a copy could forge);
 - within tolerance: a JSON file whose every string is equal and every number within
   `--tolerance` (the largest difference and the field it is in are said);
-- different: anything else (a binary that differs, a JSON field that changed kind or text).
-`--rebuilt DIR` compares a rebuild made elsewhere (a fresh clone after `make repro`) instead.
-Exit status: 0 all bitwise, 1 some only within tolerance, 3 something different.
+- different: anything else (a binary that differs, a JSON field that changed kind or text);
+- missing: not in the rebuild at all.
+Then whether the decisions held (pipeline/decisions.py): every prediction's intent and route,
+every gate verdict and the chosen candidate. `--rebuilt DIR` compares a rebuild made elsewhere
+(a fresh clone after `make repro`) instead.
+Exit status: 0 all bitwise, 1 some only within tolerance, 3 something different or missing,
+4 a decision changed.
 """
 
 from __future__ import annotations
@@ -25,13 +30,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from reprogate.pipeline import decisions
 from reprogate.runtime import numerics
 from reprogate.specs.roots import mirror_dirs
 from reprogate.utils import dvc_cli, git
 from reprogate.utils.errors import UserError
 
 DVC_LOCK = Path("dvc.lock")
-EXIT = {"bitwise": 0, "within tolerance": 1, "different": 3}
+EXIT = {"bitwise": 0, "within tolerance": 1, "different": 3, "missing": 3}
+# A decision that moved (an intent, a route, a gate verdict) is worse than any bits.
+DECISIONS_CHANGED = 4
 # The largest difference of a JSON number still called equal (docs/reproducibility.md says why).
 DEFAULT_TOLERANCE = 1e-6
 
@@ -63,8 +73,8 @@ def _numbers(a: Any, b: Any, where: str = "") -> tuple[float, str] | None:
 
 def compare_file(path: str, committed: bytes | None, rebuilt: Path, tolerance: float) -> Verdict:
     """A committed file and its rebuild that do not hash alike: within tolerance or different."""
-    if not rebuilt.is_file():
-        return Verdict(path, "different", "not rebuilt")
+    if rebuilt.is_dir():
+        return Verdict(path, "different", "other files or bytes in the folder")
     if committed is None or not path.endswith(".json"):
         return Verdict(path, "different", "other bytes")
     try:
@@ -78,15 +88,44 @@ def compare_file(path: str, committed: bytes | None, rebuilt: Path, tolerance: f
     return Verdict(path, kind, f"max difference {moved:.3g} in {field} (tolerance {tolerance:g})")
 
 
-def compare(root: Path, rev: str, rebuilt: Path, tolerance: float) -> list[Verdict]:
-    """`rebuilt` (a project folder after `dvc repro`) against commit `rev` of the project at `root`."""
-    want = dvc_cli.lock_outputs(git.committed(root, DVC_LOCK, rev))
+def committed_outputs(root: Path, rev: str) -> dict[str, str | None]:
+    """The outputs of `rev`'s dvc.lock with their md5s, or a paragraph when it is unreadable."""
+    try:
+        want = dvc_cli.lock_outputs(git.committed(root, DVC_LOCK, rev))
+    except (yaml.YAMLError, AttributeError, TypeError, KeyError) as e:
+        raise UserError(
+            f"{rev}: {DVC_LOCK} at that commit is not a dvc.lock DVC wrote ({type(e).__name__}); "
+            "verify a commit whose dvc.lock `dvc repro` wrote."
+        ) from None
     if not want:
         raise UserError(f"{rev}: no {DVC_LOCK} with outputs at that commit; nothing to verify.")
-    got = dvc_cli.lock_outputs((rebuilt / DVC_LOCK).read_text() if (rebuilt / DVC_LOCK).is_file() else "")
+    return want
+
+
+def output_md5(path: Path) -> str | None:
+    """What DVC would record for `path` (a folder's ends in .dir), from the bytes themselves."""
+    from dvc_data.hashfile.build import build
+    from dvc_data.hashfile.db import HashFileDB
+    from dvc_objects.fs.local import LocalFileSystem
+
+    if not path.exists():
+        return None
+    fs = LocalFileSystem()
+    with tempfile.TemporaryDirectory(prefix="reprogate-hash-") as staging:
+        _, _, obj = build(HashFileDB(fs, staging), str(path), fs, "md5", dry_run=True)
+    return obj.hash_info.value
+
+
+def compare(root: Path, rev: str, rebuilt: Path, tolerance: float) -> list[Verdict]:
+    """`rebuilt` (a project folder after `dvc repro`) against commit `rev` of the project at `root`:
+    every output hashed from its own bytes, never read from the rebuild's dvc.lock (which anyone
+    can copy)."""
     out = []
-    for path, md5 in sorted(want.items()):
-        if got.get(path) == md5 and md5 is not None:
+    for path, md5 in sorted(committed_outputs(root, rev).items()):
+        got = output_md5(rebuilt / path)
+        if got is None:
+            out.append(Verdict(path, "missing", "not in the rebuilt folder"))
+        elif got == md5:
             out.append(Verdict(path, "bitwise"))
         else:
             out.append(compare_file(path, git.committed(root, Path(path), rev), rebuilt / path, tolerance))
@@ -143,26 +182,41 @@ def rebuild(root: Path, rev: str, into: Path) -> Path:
     return project
 
 
+def _decisions(root: Path, commit: str, rebuilt: Path) -> list[decisions.Held]:
+    held = [decisions.gate(git.committed(root, Path(decisions.GATE), commit), rebuilt)]
+    folders = [p for p in committed_outputs(root, commit) if p.startswith("predictions/")]
+    return held + ([decisions.predictions(root, commit, folders, rebuilt)] if folders else [])
+
+
 def verify(root: Path, rev: str, rebuilt: Path | None, tolerance: float) -> tuple[int, str]:
-    """(exit status, report) for commit `rev`."""
+    """(exit status, report) for commit `rev`: per output, and whether the decisions held."""
     commit = git.run(root, "rev-parse", "--verify", f"{rev}^{{commit}}", check=False)
     if not commit:
         raise UserError(f"verify: '{rev}' is not a commit of {root}; give a commit, branch or tag.")
     if rebuilt is not None:
-        if not (rebuilt / DVC_LOCK).is_file():
-            raise UserError(f"verify --rebuilt {rebuilt}: no {DVC_LOCK} there; run `make repro` in it first.")
+        if not (rebuilt / DVC_LOCK).is_file() or not (rebuilt / "params.yaml").is_file():
+            raise UserError(
+                f"verify --rebuilt {rebuilt}: no {DVC_LOCK} and params.yaml there, so it is not a "
+                "rebuilt project; run `make repro` in a clone of the commit and give its folder."
+            )
         verdicts = compare(root, commit, rebuilt, tolerance)
+        held = _decisions(root, commit, rebuilt)
     else:
         with tempfile.TemporaryDirectory(prefix="reprogate-verify-") as tmp:
             try:
-                verdicts = compare(root, commit, rebuild(root, commit, Path(tmp)), tolerance)
+                project = rebuild(root, commit, Path(tmp))
+                verdicts = compare(root, commit, project, tolerance)
+                held = _decisions(root, commit, project)
             finally:
                 git.run(root, "worktree", "remove", "--force", str(Path(tmp) / "tree"), check=False)
     lines = [f"{v.verdict:<17} {v.path}" + (f"  ({v.detail})" if v.detail else "") for v in verdicts]
     counts = {k: sum(v.verdict == k for v in verdicts) for k in EXIT}
     worst = max((v.verdict for v in verdicts), key=EXIT.__getitem__)
+    lines += [h.line() for h in held]
     lines.append(
         f"verify: {commit[:12]}: {counts['bitwise']} bitwise, {counts['within tolerance']} within "
-        f"tolerance, {counts['different']} different of {len(verdicts)} outputs"
+        f"tolerance, {counts['different']} different, {counts['missing']} missing of {len(verdicts)} "
+        f"outputs; decisions {decisions.summary(held)}"
     )
-    return EXIT[worst], "\n".join(lines)
+    status = DECISIONS_CHANGED if decisions.summary(held) == "changed" else EXIT[worst]
+    return status, "\n".join(lines)

@@ -212,7 +212,8 @@ def reproduced(root: Path, base_commit: str, rebuilt: Path) -> dict[str, Any]:
         "rebuilt": str(rebuilt),
         "tolerance": DEFAULT_TOLERANCE,
         "counts": {
-            k: sum(v.verdict == k for v in verdicts) for k in ("bitwise", "within tolerance", "different")
+            k: sum(v.verdict == k for v in verdicts)
+            for k in ("bitwise", "within tolerance", "different", "missing")
         },
         "not_bitwise": [
             {"path": v.path, "verdict": v.verdict, "detail": v.detail}

@@ -151,12 +151,14 @@ def _reproduced(r: dict[str, Any] | None) -> list[str]:
     if r is None:
         return []
     c = r["counts"]
-    worst = "different" if c["different"] else "within tolerance" if c["within tolerance"] else "bitwise"
+    missing = c.get("missing", 0)
+    worst = "within tolerance" if c["within tolerance"] else "bitwise"
+    worst = "different" if c["different"] or missing else worst
     lines = [
         "## Did the base reproduce?",
         "",
         f"Rebuilt here from nothing: **{worst}** ({c['bitwise']} bitwise, {c['within tolerance']} within "
-        f"tolerance {r['tolerance']:g}, {c['different']} different; `reprogate verify`).",
+        f"tolerance {r['tolerance']:g}, {c['different']} different, {missing} missing; `reprogate verify`).",
     ]
     rows = [[x["path"], x["verdict"], x["detail"]] for x in r["not_bitwise"]]
     return lines + (["", *_table(["output", "verdict", "detail"], rows)] if rows else [])
