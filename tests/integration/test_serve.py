@@ -841,3 +841,36 @@ def test_fifty_hot_reloads_keep_the_servers_memory_flat(tmp_path):
         assert rss[50] <= rss[1] * 1.10, rss
     finally:
         gc.enable()
+
+
+def test_hostile_clauses_and_clients_that_hang_up_leave_small_clients_answered(project, tmp_path):
+    """Texts of hundreds of clauses are refused before they cost anything (when the model scores
+    clauses), 60 clients that hang up at once leave no work behind, and a small client is answered
+    throughout, on a real server over loopback."""
+    port, log = _free_port(), tmp_path / "serve.log"
+    server = _serve_process(project, port, log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        hostile = httpx.post(f"{url}/predict", json={"texts": ["a b, " * 200] * 64}, timeout=30)
+        assert hostile.status_code in (200, 422), hostile.text
+        if hostile.status_code == 422:  # the model's two-requests rule scores clauses
+            assert "clauses" in hostile.json()["error"]
+        body = json.dumps({"texts": ["please turn off the kitchen lights"] * 64}).encode()
+        request = b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        request += b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        for _ in range(60):
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                s.sendall(request)  # and hang up at once
+        started = time.monotonic()
+        r = httpx.post(f"{url}/predict", json={"text": "turn on the lights"}, timeout=15)
+        assert r.status_code == 200 and time.monotonic() - started < 5
+        deadline = time.monotonic() + 10
+        while (health := httpx.get(f"{url}/healthz", timeout=5).json())[
+            "queued_rows"
+        ] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert health["queued_rows"] == 0 and health["status"] == "ok"
+        assert server.poll() is None and "Traceback" not in log.read_text()
+    finally:
+        server.terminate()
+        server.wait(timeout=20)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from reprogate.serve.batching import MicroBatcher
+from reprogate.serve.batching import Busy, MicroBatcher
 
 
 class Model:
@@ -103,3 +103,64 @@ def test_a_failing_call_fails_its_requests_and_the_batcher_goes_on():
         _run(batcher.predict(Model("bad", fail=True), ["x"]))
     assert _run(batcher.predict(Model("good"), ["y"]))[0]["by"] == "good"
     batcher.stop()
+
+
+def test_a_large_request_takes_turns_so_a_small_one_waits_one_batch_not_all_of_it():
+    model = Model("a", delay=0.05)
+    batcher = MicroBatcher(max_batch=64, max_wait_s=0.01, max_rows=40)
+    finished: dict[str, float] = {}
+
+    async def timed(name: str, texts: list[str], rows: list[int]):
+        answers = await batcher.predict(model, texts, rows)
+        finished[name] = time.perf_counter()
+        return answers
+
+    async def both():
+        big = asyncio.ensure_future(timed("big", [f"b{i}" for i in range(40)], [10] * 40))  # 10 batches
+        await asyncio.sleep(0.02)
+        start = time.perf_counter()
+        small = await timed("small", ["s"], [1])
+        return start, small, await big
+
+    start, small, big = _run(both())
+    batcher.stop()
+    assert small[0]["text"] == "s" and [p["text"] for p in big] == [f"b{i}" for i in range(40)]
+    assert finished["small"] < finished["big"]
+    assert finished["small"] - start < 0.4  # one or two of the big request's batches, not ten
+    assert all(sum(10 if t.startswith("b") else 1 for t in c) <= 40 for c in model.calls)
+
+
+def test_past_the_queued_rows_a_request_is_refused_at_once_with_a_retry_time():
+    model = Model("a", delay=0.3)
+    batcher = MicroBatcher(max_batch=64, max_wait_s=0.0, max_rows=8, max_queued_rows=16)
+
+    async def flood():
+        first = asyncio.ensure_future(batcher.predict(model, ["x"] * 12, [1] * 12))
+        await asyncio.sleep(0.05)
+        with pytest.raises(Busy) as e:
+            await batcher.predict(model, ["y"] * 8, [1] * 8)
+        await first
+        return e.value
+
+    busy = _run(flood())
+    assert busy.retry_after_s >= 1 and "12 model rows are waiting" in str(busy) and "retry in" in str(busy)
+    assert batcher.queued_rows == 0
+    batcher.stop()
+
+
+def test_work_for_a_client_that_left_is_never_done():
+    model = Model("a", delay=0.2)
+    batcher = MicroBatcher(max_batch=64, max_wait_s=0.0)
+
+    async def leave():
+        first = asyncio.ensure_future(batcher.predict(model, ["keep"]))
+        await asyncio.sleep(0.05)  # the worker is busy with "keep"
+        gone = asyncio.ensure_future(batcher.predict(model, ["gone"] * 5))
+        await asyncio.sleep(0.01)
+        gone.cancel()  # what the server does when the client hangs up
+        await first
+        await asyncio.sleep(0.3)
+
+    _run(leave())
+    batcher.stop()
+    assert model.calls == [["keep"]] and batcher.dropped == 1 and batcher.queued_rows == 0

@@ -33,8 +33,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from reprogate.predict.lm import LoadedLm, is_language_model, load_generator
 from reprogate.predict.production import load_servable, production_sha256
+from reprogate.serve import admission
 from reprogate.serve import limits as serve_limits
-from reprogate.serve.batching import MicroBatcher
+from reprogate.serve.batching import Busy, MicroBatcher
 from reprogate.serve.schema import (
     MAX_BATCH,
     MAX_BODY_BYTES,
@@ -211,15 +212,32 @@ def create_app(
         return _error(exc.status_code, str(exc.detail))
 
     app.state.holder = holder["h"]
-    responses = {413: {"model": ErrorResponse}, 422: {"model": ErrorResponse}}
+    responses = {413: {"model": ErrorResponse}, 422: {"model": ErrorResponse}, 503: {"model": ErrorResponse}}
 
     @app.post("/predict", response_model=PredictResponse, responses=responses)
-    async def predict(req: PredictRequest) -> Any:
+    async def predict(req: PredictRequest, request: Request) -> Any:
         loaded = holder["h"].current  # this request's model, even if a swap happens meanwhile
         if isinstance(loaded, LoadedLm):
             return _error(409, f"this server holds the language model {loaded.version}: POST /generate")
         texts = [req.text] if req.text is not None else req.texts
-        return {"predictions": await batcher.predict(loaded, texts)}
+        try:
+            cost = admission.rows(texts, loaded.policy.two_requests is not None)
+        except admission.Refused as e:
+            return _error(e.status, str(e))
+        work = asyncio.ensure_future(batcher.predict(loaded, texts, cost))
+        left = asyncio.ensure_future(admission.client_left(request.receive))
+        await asyncio.wait({work, left}, return_when=asyncio.FIRST_COMPLETED)
+        left.cancel()
+        if not work.done():  # nobody is waiting for it: the batcher drops it before its turn
+            work.cancel()
+            return _error(499, "the client closed the connection before the answer")
+        try:
+            return {"predictions": work.result()}
+        except Busy as e:
+            return JSONResponse(
+                status_code=503, content={"error": str(e), "details": []},
+                headers={"Retry-After": str(e.retry_after_s)},
+            )  # fmt: skip
 
     @app.post("/generate", response_model=Generated, responses=responses)
     def generate(req: GenerateRequest) -> Any:
@@ -239,6 +257,9 @@ def create_app(
             "model_version": h.current.version,
             "reloads": h.reloads,
             "reload_error": h.reload_error,
+            # The batcher's queue: rows waiting, and requests dropped because their clients left.
+            "queued_rows": batcher.queued_rows,
+            "dropped": batcher.dropped,
         }
 
     @app.get("/version")

@@ -1,11 +1,20 @@
-"""Concurrent /predict requests answered together: micro-batches with a bounded wait.
+"""Concurrent /predict requests answered together: micro-batches with a bounded wait, a bounded
+size in model rows, fair turns, a bounded queue, and no work for clients that left.
 
-One worker thread runs the model; a batch is every request waiting when it is free. A request
-that finds the server idle (the last batch held one request) is answered at once; under
-concurrency a batch stays open until it holds `max_batch` texts or `max_wait_s` after its first
-request arrived, whichever comes first. A batched call costs far less per text than one call per
-request (the runtime's matrix products get their rows in one go); no request waits longer than
-max_wait_s for others.
+One worker thread runs the model. A request that finds the server idle (the last batch held one
+request) is answered at once; under concurrency a batch stays open until it is full or
+`max_wait_s` after its first request arrived, whichever comes first. A batched call costs far
+less per text than one call per request (the runtime's matrix products get their rows in one go).
+
+What a text costs is its rows: the text, plus one per clause the two-requests rule scores alone
+(predict/requests.py), so 200 commas are 200 rows. A batch holds at most `max_rows` rows; a
+larger request is answered over several batches, and between two of its turns every other
+waiting request takes one (round robin), so a small request waits at most one batch's work
+behind a large one, never the whole of it. The rows waiting in all are bounded (`max_queued_rows`):
+past it a request is refused at once (Busy: the server answers 503 with Retry-After) instead of
+waiting behind work it cannot catch up with. A request whose client went away (its future was
+cancelled) is dropped before its next turn, and its rows leave the queue with it.
+
 Requests are never mixed across models: a batch is split by the model each request took when
 it arrived, so a hot swap never answers a request with a model it did not start with.
 """
@@ -16,99 +25,180 @@ import asyncio
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
+MAX_BATCH_ROWS = 256
+MAX_QUEUED_ROWS = 4096
 
-@dataclass
+
+class Busy(Exception):
+    """The queue holds as many rows as it may: come back later (503, Retry-After)."""
+
+    def __init__(self, queued: int, asked: int, limit: int, retry_after_s: int):
+        super().__init__(
+            f"the server is busy: {queued} model rows are waiting and this request adds {asked}, "
+            f"over the limit of {limit}; retry in {retry_after_s} s, or send fewer or shorter queries"
+        )
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(eq=False)
 class Pending:
     model: Any  # what the request took from the holder (its .predict(texts) answers)
     texts: list[str]
+    rows: list[int]  # model rows of each text
     arrived: float
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
+    done: int = 0  # texts answered so far
+    answers: list[dict[str, Any]] = field(default_factory=list)
+
+    def left(self) -> int:
+        return sum(self.rows[self.done :])
 
 
 def _settle(p: Pending, result: Any = None, error: BaseException | None = None) -> None:
-    def done() -> None:
-        if p.future.cancelled():  # the client went away while it waited
+    def finish() -> None:
+        if p.future.done():  # the client went away while it waited
             return
         if error is not None:
             p.future.set_exception(error)
         else:
             p.future.set_result(result)
 
-    p.loop.call_soon_threadsafe(done)
+    p.loop.call_soon_threadsafe(finish)
 
 
 class MicroBatcher:
-    def __init__(self, max_batch: int = 64, max_wait_s: float = 0.002):
+    def __init__(
+        self,
+        max_batch: int = 64,
+        max_wait_s: float = 0.002,
+        max_rows: int = MAX_BATCH_ROWS,
+        max_queued_rows: int = MAX_QUEUED_ROWS,
+    ):
         self.max_batch, self.max_wait_s = max_batch, max_wait_s
+        self.max_rows, self.max_queued_rows = max_rows, max_queued_rows
         self._queue: queue.Queue[Pending | None] = queue.Queue()
+        self._turns: deque[Pending] = deque()  # the worker's own: requests with texts left
+        self._lock = threading.Lock()
+        self._queued_rows = 0
+        self._seconds_per_row = 0.005  # measured as batches are answered; sizes Retry-After
+        self.batches = self.texts = self.dropped = 0  # how it has gone
+        self._concurrent = False  # did the last batch hold more than one request?
         self._thread = threading.Thread(target=self._work, name="predict-batcher", daemon=True)
         self._thread.start()
-        self.batches = self.texts = 0  # how it has gone
-        self._concurrent = False  # did the last batch hold more than one request?
 
-    async def predict(self, model: Any, texts: list[str]) -> list[dict[str, Any]]:
+    async def predict(self, model: Any, texts: list[str], rows: list[int] | None = None) -> list[dict]:
+        """The answers to `texts`, each text costing its `rows` (default one)."""
+        rows = rows or [1] * len(texts)
+        with self._lock:
+            if self._queued_rows and self._queued_rows + sum(rows) > self.max_queued_rows:
+                wait = max(1, round(self._queued_rows * self._seconds_per_row + 0.5))
+                raise Busy(self._queued_rows, sum(rows), self.max_queued_rows, wait)
+            self._queued_rows += sum(rows)
         loop = asyncio.get_running_loop()
-        pending = Pending(model, texts, time.perf_counter(), loop.create_future(), loop)
+        pending = Pending(model, texts, rows, time.perf_counter(), loop.create_future(), loop)
         self._queue.put(pending)
+        # Cancelled (the client left): the future is cancelled with this coroutine, and the
+        # worker drops the request before its next turn.
         return await pending.future
+
+    @property
+    def queued_rows(self) -> int:
+        return self._queued_rows
 
     def stop(self) -> None:
         self._queue.put(None)
         self._thread.join(timeout=5)
 
-    def _collect(self, first: Pending) -> list[Pending]:
-        """`first` and whatever joins it before the batch is full or its wait is over (a stop()
-        meanwhile ends the wait; the batch is still answered)."""
-        batch, size = [first], len(first.texts)
-        # Alone, no waiting: whatever queued meanwhile joins, and nothing more is awaited.
-        deadline = first.arrived + (self.max_wait_s if self._concurrent else 0.0)
-        while size < self.max_batch:
+    def _release(self, rows: int) -> None:
+        with self._lock:
+            self._queued_rows -= rows
+
+    def _arrivals(self) -> bool:
+        """New requests into the turns: wait for one when there are none (False: stop), and under
+        concurrency keep the batch open for company until max_wait_s after the first arrived."""
+        if not self._turns:
+            first = self._queue.get()
+            if first is None:
+                return False
+            self._turns.append(first)
+        deadline = self._turns[0].arrived + (self.max_wait_s if self._concurrent else 0.0)
+        while True:  # everything that arrived joins the line; waiting only while rows are short
             try:
                 wait = deadline - time.perf_counter()
-                nxt = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
+                short = sum(p.left() for p in self._turns) < self.max_rows
+                nxt = self._queue.get(timeout=wait) if wait > 0 and short else self._queue.get_nowait()
             except queue.Empty:
                 break
             if nxt is None:
-                self._queue.put(None)  # seen again by the loop, after this batch
+                self._queue.put(None)  # seen again by the loop, after the work in hand
                 break
-            batch.append(nxt)
-            size += len(nxt.texts)
+            self._turns.append(nxt)
+        return True
+
+    def _take(self) -> list[tuple[Pending, int, int]]:
+        """One batch: each request in turn gives the texts that still fit (the first at least
+        one), then goes to the back of the line if it has more. Requests whose clients left are
+        dropped here."""
+        batch: list[tuple[Pending, int, int]] = []
+        rows = texts = 0
+        for p in list(self._turns):
+            if p.future.cancelled():
+                self._turns.remove(p)
+                self._release(p.left())
+                self.dropped += 1
+                continue
+            end = p.done
+            while end < len(p.texts) and texts < self.max_batch:
+                if (batch or end > p.done) and rows + p.rows[end] > self.max_rows:
+                    break  # (the batch's first text always goes)
+                rows, texts, end = rows + p.rows[end], texts + 1, end + 1
+            if end > p.done:
+                batch.append((p, p.done, end))
+                self._turns.remove(p)
+            if rows >= self.max_rows or texts >= self.max_batch:
+                break
         self._concurrent = len(batch) > 1
         return batch
 
     def _work(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            self._batch(first)
+        while self._arrivals():
+            batch = self._take()
+            for model in {id(p.model): p.model for p, _, _ in batch}.values():
+                self._answer(model, [b for b in batch if b[0].model is model])
+            for p, _, _ in batch:
+                if p.done < len(p.texts):
+                    self._turns.append(p)  # the rest at its next turn, behind the others
             # Nothing of a finished batch stays referenced while the worker waits: after a hot
             # swap, the old model must be freed when its last request is answered.
-            del first
+            del batch
 
-    def _batch(self, first: Pending) -> None:
-        batch = self._collect(first)
-        for model in {id(p.model): p.model for p in batch}.values():
-            self._answer(model, [p for p in batch if p.model is model])
-
-    def _answer(self, model: Any, group: list[Pending]) -> None:
-        texts = [t for p in group for t in p.texts]
+    def _answer(self, model: Any, group: list[tuple[Pending, int, int]]) -> None:
+        texts = [t for p, a, b in group for t in p.texts[a:b]]
+        rows = sum(sum(p.rows[a:b]) for p, a, b in group)
+        started = time.perf_counter()
         try:
             predictions = model.predict(texts)
         except Exception as e:  # every request of the batch hears of it; the worker goes on
-            for p in group:
+            for p, _, _ in group:
+                self._release(p.left())
+                p.done = len(p.texts)
                 _settle(p, error=e)
             return
         done = time.perf_counter()
+        self._seconds_per_row = (done - started) / max(rows, 1)
         self.batches, self.texts = self.batches + 1, self.texts + len(texts)
+        self._release(rows)
         start = 0
-        for p in group:
-            mine = predictions[start : start + len(p.texts)]
-            start += len(p.texts)
-            # A request's latency is its own: the wait for its batch and the batch's model call.
-            ms = round((done - p.arrived) * 1000, 3)
-            _settle(p, [dict(x, latency_ms=ms) for x in mine])
+        for p, a, b in group:
+            p.answers += predictions[start : start + b - a]
+            start += b - a
+            p.done = b
+            if b == len(p.texts):
+                # A request's latency is its own: the wait for its turns and their model calls.
+                ms = round((done - p.arrived) * 1000, 3)
+                _settle(p, [dict(x, latency_ms=ms) for x in p.answers])
