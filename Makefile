@@ -84,7 +84,10 @@ test-unit: venv
 	python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests/unit
 
 # The custom integration inside real Home Assistant, against a real `reprogate serve` on loopback.
+# Home Assistant's assist pipeline loads its ffmpeg integration, which logs an error without the
+# binary, and the tests demand an error-free log: named here, before a test fails on it.
 test-home-assistant: venv $(HA_VENV)/.installed
+	@command -v ffmpeg >/dev/null || { echo "make test-home-assistant: ffmpeg is missing; install it (Debian: sudo apt-get install ffmpeg)"; exit 1; }
 	cd tests_home_assistant && ../$(HA_VENV)/bin/python -m pytest -q -p no:sugar
 
 # reprogate's share of one Assist turn (text in, response out), beside the server's own latency.
