@@ -165,6 +165,27 @@ class BodyLimit:
         await _error(413, message)(scope, receive, send)
 
 
+async def _predicted(batcher: MicroBatcher, loaded: Any, texts: list[str], request: Request) -> Any:
+    """/predict's answer: refused past the cost bounds, 503 when the queue is full, and dropped
+    when the client hangs up before it (serve/admission.py, serve/batching.py)."""
+    try:
+        cost = admission.rows(texts, loaded.policy.two_requests is not None)
+    except admission.Refused as e:
+        return _error(e.status, str(e))
+    work = asyncio.ensure_future(batcher.predict(loaded, texts, cost))
+    left = asyncio.ensure_future(admission.client_left(request.receive))
+    await asyncio.wait({work, left}, return_when=asyncio.FIRST_COMPLETED)
+    left.cancel()
+    if not work.done():  # nobody is waiting for it: the batcher drops it before its turn
+        work.cancel()
+        return _error(499, "the client closed the connection before the answer")
+    try:
+        return {"predictions": work.result()}
+    except Busy as e:
+        headers = {"Retry-After": str(e.retry_after_s)}
+        return JSONResponse(status_code=503, content={"error": str(e), "details": []}, headers=headers)
+
+
 def _error(status: int, message: str, details: list | None = None) -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": message, "details": details or []})
 
@@ -220,24 +241,7 @@ def create_app(
         if isinstance(loaded, LoadedLm):
             return _error(409, f"this server holds the language model {loaded.version}: POST /generate")
         texts = [req.text] if req.text is not None else req.texts
-        try:
-            cost = admission.rows(texts, loaded.policy.two_requests is not None)
-        except admission.Refused as e:
-            return _error(e.status, str(e))
-        work = asyncio.ensure_future(batcher.predict(loaded, texts, cost))
-        left = asyncio.ensure_future(admission.client_left(request.receive))
-        await asyncio.wait({work, left}, return_when=asyncio.FIRST_COMPLETED)
-        left.cancel()
-        if not work.done():  # nobody is waiting for it: the batcher drops it before its turn
-            work.cancel()
-            return _error(499, "the client closed the connection before the answer")
-        try:
-            return {"predictions": work.result()}
-        except Busy as e:
-            return JSONResponse(
-                status_code=503, content={"error": str(e), "details": []},
-                headers={"Retry-After": str(e.retry_after_s)},
-            )  # fmt: skip
+        return await _predicted(batcher, loaded, texts, request)
 
     @app.post("/generate", response_model=Generated, responses=responses)
     def generate(req: GenerateRequest) -> Any:
@@ -257,9 +261,7 @@ def create_app(
             "model_version": h.current.version,
             "reloads": h.reloads,
             "reload_error": h.reload_error,
-            # The batcher's queue: rows waiting, and requests dropped because their clients left.
-            "queued_rows": batcher.queued_rows,
-            "dropped": batcher.dropped,
+            **batcher.health(),
         }
 
     @app.get("/version")

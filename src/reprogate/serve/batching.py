@@ -110,6 +110,10 @@ class MicroBatcher:
     def queued_rows(self) -> int:
         return self._queued_rows
 
+    def health(self) -> dict[str, int]:
+        """For /healthz: rows waiting, and requests dropped because their clients left."""
+        return {"queued_rows": self._queued_rows, "dropped": self.dropped}
+
     def stop(self) -> None:
         self._queue.put(None)
         self._thread.join(timeout=5)
@@ -167,15 +171,17 @@ class MicroBatcher:
 
     def _work(self) -> None:
         while self._arrivals():
-            batch = self._take()
-            for model in {id(p.model): p.model for p, _, _ in batch}.values():
-                self._answer(model, [b for b in batch if b[0].model is model])
-            for p, _, _ in batch:
-                if p.done < len(p.texts):
-                    self._turns.append(p)  # the rest at its next turn, behind the others
-            # Nothing of a finished batch stays referenced while the worker waits: after a hot
-            # swap, the old model must be freed when its last request is answered.
-            del batch
+            self._serve(self._take())
+
+    def _serve(self, batch: list[tuple[Pending, int, int]]) -> None:
+        """A method of its own so that nothing of a finished batch (a request, a model) stays
+        referenced while the worker waits: after a hot swap, the old model must be freed when
+        its last request is answered."""
+        for model in {id(p.model): p.model for p, _, _ in batch}.values():
+            self._answer(model, [b for b in batch if b[0].model is model])
+        for p, _, _ in batch:
+            if p.done < len(p.texts):
+                self._turns.append(p)  # the rest at its next turn, behind the others
 
     def _answer(self, model: Any, group: list[tuple[Pending, int, int]]) -> None:
         texts = [t for p, a, b in group for t in p.texts[a:b]]
