@@ -48,7 +48,8 @@ def main() -> int:
     from reprogate.runtime import numerics
 
     numerics.pin(LM)  # the children inherit the pin, as under dvc repro
-    from reprogate.specs import ModelSpec, load_spec
+    from reprogate.specs.loader import load_spec
+    from reprogate.specs.model import ModelSpec
     from reprogate.train import resume_check
 
     spec = load_spec(LM / "specs" / "models" / "gpt.yaml", ModelSpec)

@@ -31,7 +31,9 @@ from neighbours_cv import SIZE, held_out_vote
 
 from reprogate.predict.calibration import Policy, act_mask, fit_policy, fit_temperature, probabilities
 from reprogate.predict.combine import fit_weights
-from reprogate.specs import GateSpec, ModelSpec, load_spec
+from reprogate.specs.gate import GateSpec
+from reprogate.specs.loader import load_spec
+from reprogate.specs.model import ModelSpec
 
 CONFIDENCES = (0.0, 0.8, 0.9, 0.95, 0.99)
 

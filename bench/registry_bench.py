@@ -28,18 +28,11 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from reprogate.records import (
-    Evaluation,
-    Fingerprint,
-    LabelledSet,
-    ModelConfig,
-    PolicyRecord,
-    PredictionLine,
-    TrainRecord,
-    UpdateLine,
-    train_key,
-    write,
-)
+from reprogate.records.base import write
+from reprogate.records.calibration import PolicyRecord
+from reprogate.records.evaluation import Evaluation, LabelledSet, PredictionLine
+from reprogate.records.runlog import UpdateLine
+from reprogate.records.train import Fingerprint, ModelConfig, TrainRecord, train_key
 from reprogate.utils import jsonl
 
 ROOT = Path(__file__).resolve().parents[1]

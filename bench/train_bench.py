@@ -61,7 +61,8 @@ def main() -> None:
             )
         )
         from reprogate import models
-        from reprogate.specs import ModelSpec, load_spec
+        from reprogate.specs.loader import load_spec
+        from reprogate.specs.model import ModelSpec
 
         frozen = load_spec(ROOT / "specs" / "models" / "minilm.yaml", ModelSpec).model_copy(deep=True)
         object.__setattr__(frozen.encoder, "mode", "frozen")

@@ -169,7 +169,7 @@ def test_any_rank_killed_anywhere_is_restarted_by_ray_train_and_ends_bitwise(
 BROKEN_RANK = """
 import json, os, sys, time
 from pathlib import Path
-from reprogate.specs import ModelSpec
+from reprogate.specs.model import ModelSpec
 from reprogate.train import ray_engine
 from reprogate.utils.errors import UserError
 

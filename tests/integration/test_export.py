@@ -149,8 +149,8 @@ def test_a_fine_tuned_encoder_exports_to_the_logits_torch_computes(tmp_path, mod
     from reprogate.export.onnx_file import to_onnx
     from reprogate.export.runtime import INPUTS, Runtime
     from reprogate.models import encoder
-    from reprogate.specs import ModelSpec
     from reprogate.specs.export import ExportConfig
+    from reprogate.specs.model import ModelSpec
 
     spec = ModelSpec.model_validate(
         {

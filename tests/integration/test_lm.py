@@ -17,7 +17,8 @@ import yaml
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from reprogate.specs import ModelSpec, load_spec
+from reprogate.specs.loader import load_spec
+from reprogate.specs.model import ModelSpec
 from reprogate.train import resume_check
 from tests.conftest import (
     BIN,

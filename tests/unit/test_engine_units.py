@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reprogate.runtime.device import configure_mps_env
-from reprogate.specs import ModelSpec
+from reprogate.specs.model import ModelSpec
 from reprogate.train import checkpoint
 from reprogate.train.trainer import EpochSampler, lr_factor
 from reprogate.utils.atomic import remove_stale, replace_dir
@@ -170,7 +170,7 @@ def _broken_rank(seconds: float) -> dict:
 
 
 def _ray_spec(**fields):
-    from reprogate.specs import ModelSpec
+    from reprogate.specs.model import ModelSpec
     from tests.conftest import TINY_NGRAM
 
     return ModelSpec.model_validate(dict(TINY_NGRAM, processes=2, executor="ray", **fields))

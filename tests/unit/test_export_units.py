@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from reprogate.pipeline.kinds import CLASSIFIER
 from reprogate.pipeline.rules import export_rule
 from reprogate.promote.versions import next_version, tags_at
-from reprogate.specs import GateSpec, ModelSpec
+from reprogate.specs.gate import GateSpec
+from reprogate.specs.model import ModelSpec
 from reprogate.utils.errors import UserError
 
 EXPORT = {
@@ -52,7 +53,7 @@ def project(tmp_path_factory) -> Path:
 
 
 def _refused(root: Path, name: str, spec: dict, match: str) -> None:
-    from reprogate.specs import load_pipeline
+    from reprogate.specs.pipeline import load_pipeline
 
     write_model_spec(root, name, spec)
     try:

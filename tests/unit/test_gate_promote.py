@@ -26,7 +26,7 @@ from reprogate.predict.calibration import (
     rows_to_certify,
     upper_bound,
 )
-from reprogate.specs import GateSpec
+from reprogate.specs.gate import GateSpec
 from reprogate.train import run as training
 from reprogate.train.folder import model_version
 from reprogate.utils.errors import UserError
@@ -163,12 +163,13 @@ def test_best_accuracy_can_lose_to_a_safer_model(tmp_path):
     }
     assert sharp["heldout_accuracy"]["verdict"] == "pass"
     assert json.loads((tmp_path / "results" / "gate.json").read_text()) == r
-    # The DVC metric is the verdicts only; every rule's value and threshold stays in results/.
-    assert json.loads((tmp_path / "metrics" / "gate.json").read_text()) == {
-        "passed": True,
-        "chosen": "safe",
-        "candidates": {"sharp": False, "safe": True},
-    }
+    # The DVC metrics: whether one passed and which, and one row per candidate with the same few
+    # columns (what the gate judged, under short names) and its verdict; the rest stays in results/.
+    assert json.loads((tmp_path / "metrics" / "gate.json").read_text()) == {"passed": True, "chosen": "safe"}
+    row = json.loads((tmp_path / "metrics" / "candidates" / "sharp.json").read_text())
+    assert row["passed"] is False and row["oos_fp"] == 0.05
+    assert set(row) <= {"passed", "accuracy", "ece", "coverage", "wrong_actions", "oos_fp", "real", "challenge"}
+    assert json.loads((tmp_path / "metrics" / "candidates" / "safe.json").read_text())["passed"] is True
 
 
 def test_candidate_worse_than_production_beyond_its_interval_fails():

@@ -11,8 +11,7 @@ import pytest
 from reprogate.pipeline import runner
 from reprogate.pipeline.kinds import KINDS
 from reprogate.pipeline.rules import GateRule, apply
-from reprogate.specs import GateSpec
-from reprogate.specs.gate import Thresholds
+from reprogate.specs.gate import GateSpec, Thresholds
 
 ROWS = [(k, r) for k in KINDS.values() for r in k.rules]
 

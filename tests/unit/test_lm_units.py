@@ -19,8 +19,10 @@ from hypothesis import strategies as st
 from reprogate.lm import corpus
 from reprogate.lm import scoring as lm_eval
 from reprogate.models.causal_lm import CausalLm
-from reprogate.specs import ModelSpec, TextSpec, load_spec
 from reprogate.specs.lm import CausalLmConfig, PlanSpec
+from reprogate.specs.loader import load_spec
+from reprogate.specs.model import ModelSpec
+from reprogate.specs.text import TextSpec
 from reprogate.train import plan as plan_mod
 from tests.conftest import REPO
 
@@ -70,7 +72,8 @@ def _cut(part: str, chunks: list[str]) -> list[str]:
 
 def test_bpe_tokenizer_is_byte_identical_across_processes(tmp_path):
     script = (
-        "import sys; from reprogate.lm.tokenizer import train; from reprogate.specs import TokenizerConfig;"
+        "import sys; from reprogate.lm.tokenizer import train;"
+        "from reprogate.specs.lm import TokenizerConfig;"
         "t = open(sys.argv[1]).read();"
         "sys.stdout.write(train(TokenizerConfig(kind='bpe', vocab_size=300), t, t).to_json())"
     )
@@ -87,7 +90,7 @@ def test_bpe_tokenizer_is_byte_identical_across_processes(tmp_path):
 @pytest.mark.parametrize("kind", ["char", "bpe"])
 def test_tokenizers_round_trip(kind):
     from reprogate.lm.tokenizer import load, train
-    from reprogate.specs import TokenizerConfig
+    from reprogate.specs.lm import TokenizerConfig
 
     text = FIXTURE.read_text()
     cfg = TokenizerConfig(kind=kind, vocab_size=300 if kind == "bpe" else None)

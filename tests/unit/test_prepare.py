@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from reprogate.data.fetch import mirror_dirs
 from reprogate.data.prepare import normalize, prepare
-from reprogate.specs import Normalization
+from reprogate.specs.data import Normalization
 from reprogate.utils.errors import UserError
 from reprogate.utils.text import canonical
 from tests.conftest import REPO, run_cli

@@ -13,7 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from reprogate.specs import SPEC_KINDS, DataSpec, ModelSpec, json_schemas, load_spec
+from reprogate.specs.catalog import SPEC_KINDS, json_schemas, load_any
+from reprogate.specs.data import DataSpec
+from reprogate.specs.loader import load_spec
+from reprogate.specs.model import ModelSpec
 from reprogate.utils.errors import UserError
 from tests.conftest import REPO, run_cli
 
@@ -50,7 +53,7 @@ def test_committed_schema_is_current():
 
 @pytest.mark.parametrize("path", GOOD, ids=lambda p: p.stem)
 def test_good_specs_pass_pydantic_and_jsonschema(path):
-    load_spec(path)
+    load_any(path)
     assert _schema_errors(path) == []
 
 
@@ -58,7 +61,7 @@ def test_good_specs_pass_pydantic_and_jsonschema(path):
 def test_bad_specs_are_rejected_with_a_useful_message(path):
     level, needles = _expect(path)
     with pytest.raises(UserError) as exc:
-        load_spec(path)
+        load_any(path)
     msg = str(exc.value)
     assert str(path) in msg, "the message must name the file"
     for needle in needles:
@@ -99,7 +102,7 @@ def test_yaml_syntax_error_names_line(tmp_path):
     bad = tmp_path / "broken.yaml"
     bad.write_text("kind: model\nfamily: [ngram\n")
     with pytest.raises(UserError, match=r"broken.yaml: not valid YAML at line \d+"):
-        load_spec(bad)
+        load_any(bad)
 
 
 def test_compile_refuses_an_ensemble_whose_members_are_not_run(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from reprogate.specs import find_root
+from reprogate.specs.loader import find_root
 from reprogate.utils.errors import UserError
 
 

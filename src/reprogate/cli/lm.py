@@ -8,12 +8,13 @@ import sys
 from pathlib import Path
 
 from reprogate.runtime.device import DEVICES
-from reprogate.specs import find_root
+from reprogate.specs.loader import find_root
 from reprogate.utils.errors import UserError
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from reprogate.specs import ModelSpec, load_spec
+    from reprogate.specs.loader import load_spec
+    from reprogate.specs.model import ModelSpec
     from reprogate.train.plan import measure
     from reprogate.train.run import Paths, Setup
 

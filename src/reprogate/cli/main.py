@@ -18,7 +18,8 @@ from reprogate.pipeline.runner import NAMES
 from reprogate.pipeline.verify import DEFAULT_TOLERANCE
 from reprogate.registry import command as registry
 from reprogate.runtime.device import DEVICES
-from reprogate.specs import find_root
+from reprogate.specs.catalog import load_any
+from reprogate.specs.loader import find_root
 from reprogate.utils import jsonl, queries
 from reprogate.utils.errors import UserError, relative
 
@@ -27,7 +28,8 @@ DEVICE_HELP = "where to run the model (default auto: CUDA, else MPS, else CPU), 
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from reprogate.specs import ModelSpec, iter_spec_files, load_spec
+    from reprogate.specs.catalog import iter_spec_files
+    from reprogate.specs.model import ModelSpec
     from reprogate.train.run import prepared_steps
 
     files = iter_spec_files([Path(p) for p in args.paths])
@@ -37,7 +39,7 @@ def _validate(args: argparse.Namespace) -> int:
     failed = 0
     for f in files:
         try:
-            spec = load_spec(f)
+            spec = load_any(f)
             # An epoch-based run's length depends on the data: checked when it is prepared.
             steps = prepared_steps(root, spec, f) if isinstance(spec, ModelSpec) else None
             print(f"ok    {f} ({spec.kind}" + (f"; {steps} steps on the prepared data)" if steps else ")"))
@@ -49,7 +51,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _schema(args: argparse.Namespace) -> int:
-    from reprogate.specs import json_schemas
+    from reprogate.specs.catalog import json_schemas
 
     out = Path(args.out)
     if out.exists() and not out.is_dir():
@@ -80,6 +82,7 @@ def _stage(args: argparse.Namespace) -> int:
         opt(args.run_dir),
         opt(args.work_dir),
         args.skip_plan,
+        args.pipeline,
     )
     said = runner.run(args.name, ctx).summary
     if said:  # empty from training ranks other than 0, and from their launcher
@@ -308,6 +311,12 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--run-dir", help="checkpoint folder (default: runs/NAME)")
     st.add_argument("--work-dir", help="put checkpoints, model, metrics and plots of this run here")
     st.add_argument("--skip-plan", action="store_true", help="do not measure/project before training")
+    st.add_argument(
+        "--pipeline",
+        choices=("default", "experiments"),
+        default="default",
+        help="the gate of params.yaml's models (default) or of its experiments beside them",
+    )
     st.set_defaults(func=_stage)
 
     pr = sub.add_parser(

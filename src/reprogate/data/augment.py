@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from reprogate.data.prepare import normalize
-from reprogate.specs import DataSpec
+from reprogate.specs.data import DataSpec
 from reprogate.utils import paths
 from reprogate.utils.jsonl import line, read_jsonl
 

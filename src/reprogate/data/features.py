@@ -10,7 +10,8 @@ from reprogate import models
 from reprogate.data.prepared import require_prepared, splits, texts, write_features
 from reprogate.models.base import OnDevice
 from reprogate.runtime.device import configure_mps_env, seed_everything, select_device
-from reprogate.specs import ModelSpec, load_spec
+from reprogate.specs.loader import load_spec
+from reprogate.specs.model import ModelSpec
 from reprogate.utils import paths
 from reprogate.utils.console import say
 

@@ -16,8 +16,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from reprogate.specs import HfSource, LocalSource, Origin, UrlSource, allowed_roots, mirror_dirs
-from reprogate.specs.roots import inside, outside_message
+from reprogate.specs.data import HfSource, LocalSource, Origin, UrlSource
+from reprogate.specs.roots import allowed_roots, inside, mirror_dirs, outside_message
 from reprogate.utils import paths
 from reprogate.utils.errors import UserError
 from reprogate.utils.hashing import sha256_file

@@ -14,16 +14,10 @@ import numpy as np
 
 from reprogate.data.fetch import fetch_origin
 from reprogate.data.tables import read_table
-from reprogate.records import DataRecord, write
-from reprogate.records.headline import DataMetrics
-from reprogate.specs import (
-    DataSpec,
-    EvalSet,
-    Normalization,
-    Table,
-    find_root,
-    load_spec,
-)
+from reprogate.records.base import write
+from reprogate.records.data import DataMetrics, DataRecord
+from reprogate.specs.data import DataSpec, EvalSet, Normalization, Table
+from reprogate.specs.loader import find_root, load_spec
 from reprogate.utils import jsonl, paths
 from reprogate.utils.atomic import replace_dir
 from reprogate.utils.errors import UserError

@@ -18,7 +18,10 @@ import numpy as np
 from safetensors.torch import load_file, save_file
 
 from reprogate.models.base import Featurizer, feature_key
-from reprogate.specs import OOS_LABEL, DataSpec, ModelSpec, load_spec
+from reprogate.specs.base import OOS_LABEL
+from reprogate.specs.data import DataSpec
+from reprogate.specs.loader import load_spec
+from reprogate.specs.model import ModelSpec
 from reprogate.utils import paths
 from reprogate.utils.atomic import replace_dir
 from reprogate.utils.errors import UserError

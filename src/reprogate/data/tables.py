@@ -12,7 +12,7 @@ import logging
 import tempfile
 from pathlib import Path
 
-from reprogate.specs import Table
+from reprogate.specs.data import Table
 from reprogate.utils import jsonl
 from reprogate.utils.errors import UserError
 

@@ -21,9 +21,12 @@ from reprogate.export.graph import Input, build_graph
 from reprogate.export.onnx_file import to_onnx
 from reprogate.export.runtime import INPUTS, ONNX
 from reprogate.export.scorer import ExportScorer
-from reprogate.records import Fingerprint, ModelConfig, write
+from reprogate.records.base import write
 from reprogate.records.export import Agreement, ExportRecord
-from reprogate.specs import ModelSpec, load_spec, spec_hash
+from reprogate.records.train import Fingerprint, ModelConfig
+from reprogate.specs.base import spec_hash
+from reprogate.specs.loader import load_spec
+from reprogate.specs.model import ModelSpec
 from reprogate.train.folder import Scorer, clear, model_version
 from reprogate.utils import paths
 from reprogate.utils.errors import UserError

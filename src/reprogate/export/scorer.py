@@ -12,8 +12,10 @@ import torch
 
 from reprogate.data.prepared import split_features
 from reprogate.export.runtime import Runtime
-from reprogate.records import Fingerprint, ModelConfig, load
-from reprogate.specs import OOS_LABEL, ModelSpec
+from reprogate.records.base import load
+from reprogate.records.train import Fingerprint, ModelConfig
+from reprogate.specs.base import OOS_LABEL
+from reprogate.specs.model import ModelSpec
 from reprogate.train.folder import damaged, read_calibration
 from reprogate.utils import paths
 from reprogate.utils.errors import UserError, read_json

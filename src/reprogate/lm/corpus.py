@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 
 from reprogate.data.fetch import fetch_origin
-from reprogate.records import write
+from reprogate.records.base import write
 from reprogate.records.lm import CorpusMetrics, CorpusRecord, Part
-from reprogate.specs import TextSpec, load_spec
-from reprogate.specs.text import Canonical
+from reprogate.specs.loader import load_spec
+from reprogate.specs.text import Canonical, TextSpec
 from reprogate.utils import paths
 from reprogate.utils.atomic import replace_dir
 from reprogate.utils.errors import UserError

@@ -13,10 +13,13 @@ from safetensors.torch import load_file
 from reprogate.lm import scoring as lm_eval
 from reprogate.lm.tokenizer import LmTokenizer
 from reprogate.lm.training import load_lm, planned_steps
-from reprogate.records import Fingerprint, load, write
+from reprogate.records.base import load, write
 from reprogate.records.lm import LmEvalMetrics, LmEvaluation, LmSet, SampleLine
+from reprogate.records.train import Fingerprint
 from reprogate.runtime.device import scoring_device, seed_everything
-from reprogate.specs import ModelSpec, TextSpec, load_spec
+from reprogate.specs.loader import load_spec
+from reprogate.specs.model import ModelSpec
+from reprogate.specs.text import TextSpec
 from reprogate.train.folder import model_version
 from reprogate.utils import jsonl, paths
 from reprogate.utils.console import say

@@ -21,7 +21,7 @@ import torch
 import yaml
 
 from reprogate.lm.training import LmSetup, speed_key
-from reprogate.specs import PlanSpec
+from reprogate.specs.lm import PlanSpec
 from reprogate.train.plan import measure
 from reprogate.train.run import Paths
 from reprogate.utils import paths as project

@@ -11,9 +11,10 @@ import torch
 from safetensors.torch import save_file
 
 from reprogate.lm import tokenizer as lm_tokenizer
-from reprogate.records import write
+from reprogate.records.base import write
 from reprogate.records.lm import TokenPart, TokenRecord
-from reprogate.specs import ModelSpec, load_spec
+from reprogate.specs.loader import load_spec
+from reprogate.specs.model import ModelSpec
 from reprogate.utils import paths
 from reprogate.utils.atomic import replace_dir
 from reprogate.utils.console import say

@@ -21,10 +21,13 @@ from safetensors.torch import load_file
 from reprogate.lm import scoring as lm_eval
 from reprogate.lm import tokenizer as lm_tokenizer
 from reprogate.models.causal_lm import CausalLm
-from reprogate.records import Fingerprint, ModelConfig, load, write
+from reprogate.records.base import load, write
 from reprogate.records.lm import LmTrainRecord, TokenRecord
+from reprogate.records.train import Fingerprint, ModelConfig
 from reprogate.runtime.device import configure_mps_env, environment, seed_everything, select_device
-from reprogate.specs import ModelSpec, PlanSpec, load_spec, speed_fields, training_hash
+from reprogate.specs.lm import PlanSpec, speed_fields
+from reprogate.specs.loader import load_spec
+from reprogate.specs.model import ModelSpec, training_hash
 from reprogate.train.folder import clear, write_folder
 from reprogate.train.objectives import NextToken
 from reprogate.train.run import Paths, check_world, code_hash, rank_device

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from reprogate.models import encoder, ensemble, ngram
-from reprogate.specs import ModelSpec
+from reprogate.specs.model import ModelSpec
 
 FAMILIES = {"ngram": ngram.build, "encoder": encoder.build, "ensemble": ensemble.build}
 

@@ -25,7 +25,8 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from reprogate.models.base import ragged_to_tensors, tensors_to_ragged
-from reprogate.specs import ModelSpec, resolve_encoder_path
+from reprogate.specs.loader import resolve_encoder_path
+from reprogate.specs.model import ModelSpec
 from reprogate.utils.errors import UserError
 from reprogate.utils.hashing import sha256_file
 

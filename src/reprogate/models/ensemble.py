@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from reprogate.models.base import Featurizer
-from reprogate.specs import ModelSpec, NeighboursConfig
+from reprogate.specs.model import ModelSpec, NeighboursConfig
 from reprogate.utils import paths
 from reprogate.utils.hashing import sha256_file
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from reprogate.models.base import ragged_to_tensors, tensors_to_ragged
-from reprogate.specs import ModelSpec
+from reprogate.specs.model import ModelSpec
 from reprogate.utils.ngrams import ngram_ids
 
 

@@ -15,8 +15,10 @@ from typing import Any
 import yaml
 
 from reprogate.pipeline import runner
-from reprogate.specs import Pipeline, load_pipeline
+from reprogate.specs.gate import GateSpec
+from reprogate.specs.loader import load_params, load_spec
 from reprogate.specs.model import BUILT
+from reprogate.specs.pipeline import Part, Pipeline, load_pipeline
 from reprogate.specs.reading import read_yaml
 from reprogate.utils import imports, paths
 from reprogate.utils.errors import UserError
@@ -73,7 +75,8 @@ def _slots(p: Pipeline, name: str) -> dict[str, str]:
 
 def _items(p: Pipeline, which: str) -> dict[str, dict[str, str]]:
     """One DVC foreach item per model spec listed in params.yaml that the stage runs for."""
-    items = {n: {"family": m.family} for n, m in p.models.items() if _runs_for(which, m.family)}
+    builds = p.builds or tuple(p.models)
+    items = {n: {"family": p.models[n].family} for n in builds if _runs_for(which, p.models[n].family)}
     if p.kind == "lm":  # a planned run's length is a param: its committed plan, else its spec
         for n, item in items.items():
             minutes = p.models[n].budget.train_minutes
@@ -92,10 +95,15 @@ def _items(p: Pipeline, which: str) -> dict[str, dict[str, str]]:
 
 def stage(name: str, p: Pipeline) -> dict[str, Any] | None:
     mod = runner.module(name)
+    if p.part != "default" and not mod.PER_MODEL and name != "gate":
+        return None  # the experiments build on the default pipeline's data; they judge on their own
     declared = mod.dvc(p)
     if declared is None:
         return None
     body = {"cmd": f"reprogate stage {name}" + (" ${key}" if mod.PER_MODEL else "")}
+    if p.part != "default":
+        body["cmd"] += "" if mod.PER_MODEL else f" --pipeline {p.part}"
+        body["wdir"] = ".."  # every path in a stage is the project root's, as in dvc.yaml
     body["deps"] = [*declared.pop("deps"), *code(name, p.root)]
     body.update(declared)
     if getattr(mod, "NUMERIC", False) and "numerics" in read_yaml(p.root / paths.PARAMS):
@@ -110,19 +118,22 @@ def artifacts(p: Pipeline) -> dict[str, dict[str, Any]]:
     """Every candidate's model folder as a DVC artifact of type model: `dvc artifacts get`, GTO
     and DVC Studio find a model by its name, and promote's GTO tags say which version is in
     which stage."""
+    up = Path(os.path.relpath(".", p.dvc_yaml.parent))  # artifact paths are the dvc.yaml's
     return {
         n: {
-            "path": paths.model_dir(n).as_posix(),
+            "path": (up / paths.model_dir(n)).as_posix(),
             "type": "model",
-            "desc": m.description,
-            "labels": [m.family],
+            "desc": p.models[n].description,
+            "labels": [p.models[n].family],
         }
-        for n, m in p.models.items()
+        for n in p.builds or p.models
     }
 
 
-def render(root: Path) -> str:
-    p = load_pipeline(root)
+def render(root: Path, part: Part = "default") -> str:
+    p = load_pipeline(root, part)
+    # The stages that judge read the gate spec; a broken one is named before any of them runs.
+    load_spec(root / p.gate, GateSpec)
     out = {name: s for name in runner.PIPELINES[p.kind] if (s := stage(name, p)) is not None}
     tree = {"stages": out, "artifacts": artifacts(p)}
     body = yaml.safe_dump(tree, sort_keys=False, default_flow_style=False, width=100)
@@ -131,7 +142,24 @@ def render(root: Path) -> str:
 
 
 def compile_dvc(root: Path, check: bool) -> str:
-    text = render(root)
+    """dvc.yaml, and experiments/dvc.yaml when params.yaml lists experiments."""
+    said = [_compile_part(root, part, check) for part in _parts(root)]
+    return "\n".join(said)
+
+
+def _parts(root: Path) -> list[Part]:
+    experiments = load_params(root).experiments
+    stale = root / paths.EXPERIMENTS / paths.DVC_YAML
+    if not experiments and stale.is_file():
+        raise UserError(
+            f"{stale} is left from experiments params.yaml no longer lists; remove it "
+            "(`git rm -r experiments/`), or list the experiments again under 'experiments'."
+        )
+    return ["default", "experiments"] if experiments else ["default"]
+
+
+def _compile_part(root: Path, part: Part, check: bool) -> str:
+    text = render(root, part)
     production = root / paths.PRODUCTION
     if not production.is_file():
         # The gate depends on it, and `dvc repro` would stop with a bare "No such file".
@@ -140,7 +168,7 @@ def compile_dvc(root: Path, check: bool) -> str:
             "with `git checkout -- models/production.json`; a project with nothing in production yet "
             'keeps {"model": null} there, and only `reprogate promote` changes it.'
         )
-    target = root / paths.DVC_YAML
+    target = root / (paths.DVC_YAML if part == "default" else paths.EXPERIMENTS / paths.DVC_YAML)
     if check:
         current = target.read_text() if target.is_file() else ""
         if current != text:
@@ -149,5 +177,6 @@ def compile_dvc(root: Path, check: bool) -> str:
                 "`reprogate compile` and commit dvc.yaml."
             )
         return f"compile: {target} is up to date"
+    target.parent.mkdir(exist_ok=True)
     target.write_text(text)
     return f"compile: wrote {target} ({len(yaml.safe_load(text)['stages'])} stage groups)"

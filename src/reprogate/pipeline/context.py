@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from reprogate.records import Record
+from reprogate.records.base import Record
 from reprogate.utils.console import say
 
 PerModel = Literal["all", "trained", "ensembles", "exports"] | None
@@ -32,6 +32,7 @@ class Context:
     run_dir: Path | None = None  # train: checkpoints elsewhere than runs/<m>/
     work_dir: Path | None = None  # train: everything of this run in one folder
     skip_plan: bool = False  # train: no measured projection before training
+    pipeline: str = "default"  # gate: which of params.yaml's pipelines it judges (or experiments)
     log: Callable[[str], None] = field(default=say)
 
 

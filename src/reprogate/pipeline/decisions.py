@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reprogate.records import Decision, PredictionLine
+from reprogate.records.evaluation import PredictionLine
+from reprogate.records.gate import Decision
 
 GATE = "results/gate.json"
 

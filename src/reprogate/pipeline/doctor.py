@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from reprogate.records import load, write
+from reprogate.records.base import load, write
 from reprogate.records.numerics import MachineFingerprint, NumericReference
 from reprogate.runtime import numerics
 from reprogate.specs.loader import resolve_encoder_path

@@ -17,7 +17,8 @@ from reprogate.pipeline.rules import (
     accuracy_against_production,
     bits_against_production,
 )
-from reprogate.records import Evaluation, Record
+from reprogate.records.base import Record
+from reprogate.records.evaluation import Evaluation
 from reprogate.records.lm import LmEvaluation
 
 
@@ -45,6 +46,8 @@ class Kind:
     rules: tuple[GateRule, ...]  # the gate's table, in the order results/gate.json lists them
     against_production: ProductionRule  # the one rule whose evidence differs by kind
     ranking: Ranking
+    # A candidate's row of `dvc metrics show` (metrics/candidates/<m>.json): rule -> short column.
+    columns: tuple[tuple[str, str], ...] = ()
 
     def judge(
         self, ev: dict | None, resume: dict | None, gate, prod: dict | None, export: dict | None = None
@@ -116,6 +119,15 @@ CLASSIFIER = Kind(
     ),
     against_production=accuracy_against_production,
     ranking=Ranking("test", "accuracy", "heldout_accuracy", True, "best held-out accuracy"),
+    columns=(
+        ("heldout_accuracy", "accuracy"),
+        ("ece", "ece"),
+        ("coverage", "coverage"),
+        ("wrong_action_rate", "wrong_actions"),
+        ("false_positive_action_rate", "oos_fp"),
+        ("real_utterance_accuracy", "real"),
+        ("challenge_action_rate", "challenge"),
+    ),
 )
 
 LANGUAGE_MODEL = Kind(
@@ -136,6 +148,7 @@ LANGUAGE_MODEL = Kind(
     ranking=Ranking(
         "validation", "bits_per_char", "val_bits_per_char", False, "fewest validation bits per character"
     ),
+    columns=(("val_bits_per_char", "bits_per_char"),),
 )
 
 KINDS = {k.name: k for k in (CLASSIFIER, LANGUAGE_MODEL)}

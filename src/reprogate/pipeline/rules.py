@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from reprogate.records import RESTORE_PRODUCTION
-from reprogate.specs import GateSpec
+from reprogate.records.production import RESTORE_PRODUCTION
+from reprogate.specs.gate import GateSpec
 
 Op = Literal[">=", "<=", "=="]
 

@@ -23,8 +23,11 @@ from reprogate.predict.calibration import (
     separable,
 )
 from reprogate.predict.scorers import open_scorer
-from reprogate.records import CalibrationRecord, write
-from reprogate.specs import DataSpec, GateSpec, load_spec
+from reprogate.records.base import write
+from reprogate.records.calibration import CalibrationRecord
+from reprogate.specs.data import DataSpec
+from reprogate.specs.gate import GateSpec
+from reprogate.specs.loader import load_spec
 
 
 def calibrate(root: Path, name: str, gate_path: Path) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import torch
 from scipy.special import betaincinv
 
 from reprogate.predict import requests
-from reprogate.records import CalibrationRecord
+from reprogate.records.calibration import CalibrationRecord
 from reprogate.train.folder import read_calibration
 
 N_BINS = 15

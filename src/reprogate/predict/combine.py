@@ -12,8 +12,11 @@ import torch
 from reprogate.data.prepared import gold_indices, rows, splits, write_features
 from reprogate.models.ensemble import EnsembleCombiner, EnsembleFeaturizer, Neighbours
 from reprogate.predict.calibration import separable
-from reprogate.records import CombineRecord, write
-from reprogate.specs import OOS_LABEL, ModelSpec, load_spec
+from reprogate.records.base import write
+from reprogate.records.train import CombineRecord
+from reprogate.specs.base import OOS_LABEL
+from reprogate.specs.loader import load_spec
+from reprogate.specs.model import ModelSpec
 from reprogate.train.folder import Scorer, damaged, export_ensemble
 from reprogate.utils import paths
 from reprogate.utils.errors import UserError, read_json

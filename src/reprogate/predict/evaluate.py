@@ -13,9 +13,10 @@ import numpy as np
 from reprogate.data.prepared import gold_indices, prepared_file
 from reprogate.predict.calibration import Policy, act_mask, confidence_margin, ece, prediction, probabilities
 from reprogate.predict.scorers import open_scorer
-from reprogate.records import Evaluation, PredictionLine, write
-from reprogate.records.headline import EvalMetrics
-from reprogate.specs import DataSpec, load_spec
+from reprogate.records.base import write
+from reprogate.records.evaluation import EvalMetrics, Evaluation, PredictionLine
+from reprogate.specs.data import DataSpec
+from reprogate.specs.loader import load_spec
 from reprogate.train.folder import model_version, read_calibration
 from reprogate.utils import jsonl, paths
 from reprogate.utils.errors import read_json

@@ -20,7 +20,7 @@ from reprogate.lm.tokenizer import LmTokenizer
 from reprogate.lm.training import load_lm
 from reprogate.models.causal_lm import CausalLm
 from reprogate.predict.production import Sources, production_files, read_promoted
-from reprogate.records import Promoted
+from reprogate.records.production import Promoted
 from reprogate.runtime.device import resolve_device
 from reprogate.train.folder import model_version
 from reprogate.utils.errors import UserError

@@ -22,7 +22,9 @@ from reprogate.export.scorer import ExportScorer
 from reprogate.predict import requests, shipped
 from reprogate.predict.calibration import Policy, prediction, probabilities
 from reprogate.predict.scorers import open_scorer
-from reprogate.records import RESTORE_PRODUCTION, Fingerprint, ProductionRecord, Promoted, load, validated
+from reprogate.records.base import load, validated
+from reprogate.records.production import RESTORE_PRODUCTION, ProductionRecord, Promoted
+from reprogate.records.train import Fingerprint
 from reprogate.train.folder import Scorer, model_version
 from reprogate.utils import git, paths
 from reprogate.utils.atomic import replace_dir

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from reprogate.export.scorer import ExportScorer
-from reprogate.records import ModelConfig, load
+from reprogate.records.base import load
+from reprogate.records.train import ModelConfig
 from reprogate.train.folder import Scorer, damaged
 from reprogate.utils import paths
 

@@ -23,7 +23,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from reprogate.records import PromotionJournal, dumps, parse
+from reprogate.records.base import dumps, parse
+from reprogate.records.production import PromotionJournal
 from reprogate.utils import atomic, git
 from reprogate.utils.errors import UserError
 from reprogate.utils.paths import PRODUCTION, SHIPPED

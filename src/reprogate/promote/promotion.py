@@ -19,21 +19,16 @@ from typing import Any
 from reprogate.predict import requests, shipped
 from reprogate.promote import commit as promote_commit
 from reprogate.promote.versions import next_version, tags_at
-from reprogate.records import (
-    RESTORE_PRODUCTION,
-    DataRecord,
-    Decision,
-    Evaluation,
-    Fingerprint,
-    ModelConfig,
-    Promoted,
-    PromotionJournal,
-    dumps,
-    load,
-    parse,
-)
+from reprogate.records.base import dumps, load, parse
+from reprogate.records.data import DataRecord
+from reprogate.records.evaluation import Evaluation
+from reprogate.records.gate import Decision
 from reprogate.records.lm import CorpusRecord
-from reprogate.specs import load_params, load_spec, spec_hash
+from reprogate.records.production import RESTORE_PRODUCTION, Promoted, PromotionJournal
+from reprogate.records.train import Fingerprint, ModelConfig
+from reprogate.specs.base import spec_hash
+from reprogate.specs.catalog import load_any
+from reprogate.specs.loader import load_params
 from reprogate.train.folder import model_version, read_calibration
 from reprogate.utils import dvc_cli, git, locks, paths
 from reprogate.utils.atomic import replace_dir
@@ -123,9 +118,9 @@ def _common(root: Path, name: str, cand: dict[str, Any]) -> dict[str, Any]:
             str(p.relative_to(root)): sha256_file(p) for p in sorted(model_dir.rglob("*")) if p.is_file()
         },
         spec_hashes={
-            f"specs/models/{name}.yaml": spec_hash(load_spec(root / paths.model_spec(name))),
-            params.data: spec_hash(load_spec(root / params.data)),
-            params.gate: spec_hash(load_spec(root / params.gate)),
+            f"specs/models/{name}.yaml": spec_hash(load_any(root / paths.model_spec(name))),
+            params.data: spec_hash(load_any(root / params.data)),
+            params.gate: spec_hash(load_any(root / params.gate)),
         },
         code_commit=git.run(root, "rev-parse", "HEAD"),
         gate={r["rule"]: {k: r[k] for k in ("value", "op", "threshold", "verdict")} for r in cand["rules"]},

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reprogate.records import Record
+from reprogate.records.base import Record
 
 
 class AugmentRecord(Record):

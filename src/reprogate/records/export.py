@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from reprogate.records import Record
+from reprogate.records.base import Record
 
 
 class Agreement(Record):

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from reprogate.records import Record
+from reprogate.records.base import Record
 
 
 class Part(Record):

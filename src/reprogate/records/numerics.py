@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from reprogate.records import Record
+from reprogate.records.base import Record
 
 
 class MachineFingerprint(Record):

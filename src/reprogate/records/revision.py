@@ -22,8 +22,12 @@ from typing import Any
 
 import yaml
 
-from reprogate.records import Decision, Evaluation, Fingerprint, R, ResumeRecord, validated
+from reprogate.records.base import R, validated
+from reprogate.records.evaluation import Evaluation
+from reprogate.records.gate import Decision
 from reprogate.records.lm import LmEvaluation
+from reprogate.records.resume import ResumeRecord
+from reprogate.records.train import Fingerprint
 from reprogate.utils import git, paths
 from reprogate.utils.errors import UserError
 

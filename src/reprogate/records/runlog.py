@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import AwareDatetime
 
-from reprogate.records import Record
+from reprogate.records.base import Record
 from reprogate.utils import git, jsonl
 
 

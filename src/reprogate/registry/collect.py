@@ -20,22 +20,13 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 import yaml
 
-from reprogate.records import (
-    CombineRecord,
-    Decision,
-    Evaluation,
-    Fingerprint,
-    LabelledSet,
-    ModelConfig,
-    PredictionLine,
-    TrainRecord,
-    record_key,
-    train_key,
-    validated,
-)
+from reprogate.records.base import record_key, validated
+from reprogate.records.evaluation import Evaluation, LabelledSet, PredictionLine
+from reprogate.records.gate import Decision
 from reprogate.records.lm import LmTrainRecord
 from reprogate.records.revision import Revision
 from reprogate.records.runlog import UpdateLine
+from reprogate.records.train import CombineRecord, Fingerprint, ModelConfig, TrainRecord, train_key
 from reprogate.registry import checks
 from reprogate.registry import lm as registry_lm
 from reprogate.registry.checks import FIX

@@ -87,7 +87,7 @@ def _same_run(old, new):
 def _promotions(root: Path) -> list[dict[str, Any]]:
     """Every promotion commit on any branch: its tag and the record it committed."""
     from reprogate.promote.promotion import is_promotion
-    from reprogate.records import ProductionRecord
+    from reprogate.records.production import ProductionRecord
 
     if git.git_dir(root) is None or not git.head(root):
         return []
@@ -189,7 +189,7 @@ def sync(
     from reprogate.registry.collect import collect
     from reprogate.registry.query import damage_paragraph
     from reprogate.registry.store import Store
-    from reprogate.specs import load_params
+    from reprogate.specs.loader import load_params
 
     store = Store.at(root, load_params(root).registry)
     store.check_writable()
@@ -236,7 +236,7 @@ def command(root: Path, args: argparse.Namespace) -> str:
         return sync(root, args.rev, args.all_commits, args.verbose) + "\n"
     from reprogate.registry.query import Registry
     from reprogate.registry.store import Store
-    from reprogate.specs import load_params
+    from reprogate.specs.loader import load_params
 
     store = Store.at(root, load_params(root).registry)
     if args.action == "optimize":

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from reprogate.records import Fingerprint, ModelConfig, record_key, train_key
+from reprogate.records.base import record_key
 from reprogate.records.lm import LmEvaluation, LmTrainRecord
+from reprogate.records.train import Fingerprint, ModelConfig, train_key
 from reprogate.registry.tables import run_identity
 
 SPLIT_METRICS = (

@@ -29,7 +29,7 @@ from typing import Any
 import pyarrow as pa
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
-from reprogate.records import Fingerprint
+from reprogate.records.train import Fingerprint
 from reprogate.utils.hashing import content_key
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from reprogate.records.headline import EvalMetrics
+from reprogate.records.evaluation import EvalMetrics
 from reprogate.records.revision import Revision, stage_changes
 from reprogate.utils import stats
 from reprogate.utils.errors import UserError

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from reprogate.runtime import numerics
-from reprogate.specs import ModelSpec
+from reprogate.specs.model import ModelSpec
 from reprogate.utils.errors import UserError
 
 PACKAGES = ("torch", "numpy", "transformers", "peft", "safetensors", "reprogate")

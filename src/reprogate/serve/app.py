@@ -46,7 +46,7 @@ from reprogate.serve.schema import (
     PredictRequest,
     PredictResponse,
 )
-from reprogate.specs import pipeline_kind
+from reprogate.specs.pipeline import pipeline_kind
 from reprogate.utils.errors import UserError, relative
 
 __all__ = ["MAX_BATCH", "MAX_BODY_BYTES", "MAX_TEXT_CHARS", "create_app", "serve"]

@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import importlib.util
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar, get_args
 
 from pydantic import BaseModel, Field, ValidationError
 
 from reprogate.specs.base import Strict
 from reprogate.specs.data import DataSpec, LocalSource
-from reprogate.specs.gate import GateSpec
-from reprogate.specs.lm import PlanSpec
 from reprogate.specs.model import ModelSpec
 from reprogate.specs.params import Numerics, Params
 from reprogate.specs.reading import read_yaml
@@ -30,15 +27,6 @@ from reprogate.utils import paths
 from reprogate.utils.errors import UserError, format_validation_error
 
 T = TypeVar("T", bound=Strict)
-
-SPEC_KINDS: dict[str, type[Strict]] = {
-    "data": DataSpec,
-    "text": TextSpec,
-    "model": ModelSpec,
-    "gate": GateSpec,
-    "plan": PlanSpec,
-}
-
 
 def find_root(start: Path) -> Path:
     """The project root: nearest folder at or above `start` holding params.yaml or .dvc."""
@@ -57,20 +45,24 @@ class Refused(Exception):
         self.loc, self.message = loc, message
 
 
-def load_spec(path: Path, expect: type[T] | None = None) -> T:
-    """Read and validate one spec file; raise UserError naming file, field, value and fix."""
+def kind_of(cls: type[Strict]) -> str:
+    """The `kind:` a spec class is written with (its Literal field)."""
+    return get_args(cls.model_fields["kind"].annotation)[0]
+
+
+def load_spec(path: Path, expect: type[T]) -> T:
+    """Read and validate one spec file of kind `expect`; raise UserError naming file, field, value
+    and fix. (A file of any kind: specs/catalog.py, which the stages never import.)"""
     path = Path(path)
     raw = read_yaml(path)
-    kind = raw.get("kind")
-    if not isinstance(kind, str) or kind not in SPEC_KINDS:
+    kind, want = raw.get("kind"), kind_of(expect)
+    if kind != want:
+        said = f"'{kind}'" if isinstance(kind, str) else repr(kind)
         raise UserError(
-            f"{path}: field 'kind' is {kind!r}; expected one of {sorted(SPEC_KINDS)}. "
-            "Add e.g. 'kind: model' as the first line."
+            f"{path}: field 'kind' is {said}, but a '{want}' spec is expected here; "
+            f"make the first line 'kind: {want}'."
         )
-    cls = SPEC_KINDS[kind]
-    if expect is not None and cls is not expect:
-        want = next(k for k, v in SPEC_KINDS.items() if v is expect)
-        raise UserError(f"{path}: field 'kind' is '{kind}', but a '{want}' spec is expected here.")
+    cls = expect
     try:
         spec = cls.model_validate(raw)
         check_references(spec, find_root(path.parent))
@@ -314,86 +306,3 @@ def load_params(root: Path) -> Params:
         return Params.model_validate(read_yaml(path))
     except ValidationError as err:
         raise UserError(format_validation_error(path, err, Params)) from None
-
-
-@dataclass(frozen=True)
-class Pipeline:
-    """What the pipeline runs: params.yaml's data, model and gate specs, validated together."""
-
-    root: Path
-    data: str
-    models: dict[str, ModelSpec]
-    gate: str
-    # classify: a data spec of labelled rows; lm: a text corpus (kind: text) and causal_lm models.
-    kind: Literal["classify", "lm"] = "classify"
-
-
-def pipeline_kind(root: Path) -> Literal["classify", "lm"]:
-    """What the project at `root` runs, from its data spec's kind (lm: a kind: text corpus)."""
-    data = root / load_params(root).data
-    return "lm" if data.is_file() and read_yaml(data).get("kind") == "text" else "classify"
-
-
-def augments(p: Pipeline) -> bool:
-    """Whether the pipeline's data spec makes augmented rows (stage augment)."""
-    return p.kind == "classify" and load_spec(p.root / p.data, DataSpec).augment is not None
-
-
-def load_pipeline(root: Path) -> Pipeline:
-    params = load_params(root)
-    for field, value in (("data", params.data), ("gate", params.gate)):
-        if not (root / value).resolve().is_relative_to(root.resolve()):
-            raise UserError(
-                f"{root / paths.PARAMS}: field '{field}' is '{value}', which is outside the project; "
-                "the pipeline's specs live in it: point it at a file under specs/."
-            )
-    kind = pipeline_kind(root)
-    load_spec(root / params.data, TextSpec if kind == "lm" else DataSpec)
-    load_spec(root / params.gate, GateSpec)
-    models = {}
-    for n in params.models:
-        m = load_spec(root / paths.model_spec(n), ModelSpec)
-        if Path(m.data) != Path(params.data):
-            raise UserError(
-                f"specs/models/{n}.yaml: field 'data' is '{m.data}', but params.yaml runs the "
-                f"pipeline on '{params.data}'; make them the same."
-            )
-        if (m.family == "causal_lm") != (kind == "lm"):
-            raise UserError(
-                f"specs/models/{n}.yaml: family '{m.family}' cannot run in a pipeline on "
-                f"'{params.data}' ({'a text corpus' if kind == 'lm' else 'labelled rows'}): a language "
-                "model's pipeline (family causal_lm, a kind: text corpus) has its own params.yaml, "
-                "e.g. lm/params.yaml."
-            )
-        models[n] = m
-    for n, m in models.items():
-        missing = [x for x in (m.ensemble.members if m.ensemble else []) if x not in models]
-        if m.export and m.export.source not in models:
-            raise UserError(
-                f"specs/models/{n}.yaml: export.source '{m.export.source}' is not in params.yaml "
-                "'models'; add it (the export is judged beside its source, and must agree with it)."
-            )
-        if missing:
-            raise UserError(
-                f"specs/models/{n}.yaml: ensemble.members {missing} are not in params.yaml 'models'; add "
-                "them (each member is trained, checked and gated as a candidate of its own)."
-            )
-    return Pipeline(root, params.data, models, params.gate, kind)
-
-
-def iter_spec_files(folders: list[Path]) -> list[Path]:
-    files: list[Path] = []
-    for p in folders:
-        if p.is_dir():
-            files += sorted(
-                f for f in p.rglob("*.y*ml") if f.suffix in (".yaml", ".yml") and "schema" not in f.parts
-            )
-        elif p.exists():
-            files.append(p)
-        else:
-            raise UserError(f"{p}: no such file or folder; give a spec file or a folder of specs.")
-    return files
-
-
-def json_schemas() -> dict[str, dict[str, Any]]:
-    return {kind: cls.model_json_schema() for kind, cls in SPEC_KINDS.items()}

@@ -44,6 +44,12 @@ class Params(Strict):
     models: list[ModelName] = Field(
         min_length=1, description="model spec names, e.g. [ngram] for specs/models/ngram.yaml"
     )
+    experiments: list[ModelName] = Field(
+        default_factory=list,
+        description="the slower candidates (fine-tunes, exports, larger encoders): model spec names "
+        "built by a second pipeline, experiments/dvc.yaml (`make repro-experiments`), on the default "
+        "pipeline's data and members; its gate judges them beside `models`",
+    )
     gate: str = Field(description="the gate spec, e.g. specs/gate.yaml")
     mirror: Folders = Field(
         default_factory=list, description="folders tried for raw data files before any download"

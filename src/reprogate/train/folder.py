@@ -27,9 +27,12 @@ from reprogate import models
 from reprogate.data.prepared import split_features
 from reprogate.models.base import OnDevice, predict_logits
 from reprogate.models.ensemble import MEMORY, EnsembleFeaturizer
-from reprogate.records import CalibrationRecord, Fingerprint, ModelConfig, load, write
+from reprogate.records.base import load, write
+from reprogate.records.calibration import CalibrationRecord
+from reprogate.records.train import Fingerprint, ModelConfig
 from reprogate.runtime.device import SERVE_DEVICE_FIX, configure_mps_env, resolve_device, scoring_device
-from reprogate.specs import OOS_LABEL, ModelSpec, spec_hash
+from reprogate.specs.base import OOS_LABEL, spec_hash
+from reprogate.specs.model import ModelSpec
 from reprogate.utils import paths
 from reprogate.utils.errors import UserError, first_problem, read_json
 from reprogate.utils.hashing import sha256_file

@@ -14,8 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from reprogate.records import Fingerprint, train_key
 from reprogate.records.runlog import UpdateLog, peak_rss_gb
+from reprogate.records.train import Fingerprint, train_key
 from reprogate.runtime.device import device_peak_gb, rank_and_world
 from reprogate.train import checkpoint, distributed, ray_engine
 from reprogate.train.plan import BudgetWatchdog, Plan, check_budget, measure

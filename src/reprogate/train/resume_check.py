@@ -19,9 +19,11 @@ from typing import Any
 import torch
 import yaml
 
-from reprogate.records import ResumeRecord, runlog, write
-from reprogate.records.headline import ResumeMetrics
-from reprogate.specs import ModelSpec, load_spec
+from reprogate.records import runlog
+from reprogate.records.base import write
+from reprogate.records.resume import ResumeMetrics, ResumeRecord
+from reprogate.specs.loader import load_spec
+from reprogate.specs.model import ModelSpec
 from reprogate.train import checkpoint
 from reprogate.utils import paths
 from reprogate.utils.console import say

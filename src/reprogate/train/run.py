@@ -19,7 +19,8 @@ import torch
 from reprogate import models
 from reprogate.data.prepared import gold_indices, load_train_data, rows, split_features
 from reprogate.models.base import OnDevice, concat, predict_logits
-from reprogate.records import Fingerprint, TrainRecord, write
+from reprogate.records.base import write
+from reprogate.records.train import Fingerprint, TrainRecord
 from reprogate.runtime.device import (
     configure_mps_env,
     environment,
@@ -27,7 +28,9 @@ from reprogate.runtime.device import (
     seed_everything,
     select_device,
 )
-from reprogate.specs import DataSpec, ModelSpec, load_spec, training_hash
+from reprogate.specs.data import DataSpec
+from reprogate.specs.loader import load_spec
+from reprogate.specs.model import ModelSpec, training_hash
 from reprogate.train.folder import export_trained
 from reprogate.train.objectives import Classification, PairedClassification
 from reprogate.train.trainer import Trainer, total_steps

@@ -60,6 +60,20 @@ DATA_METRICS = METRICS / "data.json"
 DATA_RECORD = RESULTS / "data.json"
 GATE_METRICS = METRICS / "gate.json"
 GATE_DECISION = RESULTS / "gate.json"
+# The second pipeline of a project (params.yaml `experiments`): its dvc.yaml, and its gate's files.
+EXPERIMENTS = Path("experiments")
+
+
+def candidate_row(name: str) -> Path:
+    """A candidate's row of `dvc metrics show`: its gate verdict and headline numbers."""
+    return METRICS / "candidates" / f"{name}.json"
+
+
+def gate_files(part: str) -> tuple[Path, Path]:
+    """(decision, headline) of a pipeline's gate: the default's, or the experiments' own."""
+    if part == "default":
+        return GATE_DECISION, GATE_METRICS
+    return RESULTS / part / "gate.json", METRICS / part / "gate.json"
 # The production record (written only by `reprogate promote`, read by the gate and serving).
 PRODUCTION = MODELS / "production.json"
 # A copy of each promoted model's files (an ensemble's members too), by model version:

@@ -10,7 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from reprogate.pipeline.context import Context, Result
-from reprogate.specs import DataSpec, Pipeline, augments, load_pipeline, load_spec
+from reprogate.specs.data import DataSpec
+from reprogate.specs.loader import load_spec
+from reprogate.specs.pipeline import Pipeline, augments, load_pipeline
 
 PER_MODEL = None
 
@@ -21,15 +23,14 @@ def dvc(p: Pipeline) -> dict[str, Any] | None:
     return {
         "deps": ["data/prepared"],
         "params": [{p.data: ["augment", "normalization"]}],
-        "outs": ["data/augmented"],
-        "metrics": [{"metrics/augment.json": {"cache": False}}],
+        "outs": ["data/augmented", {"metrics/augment.json": {"cache": False}}],
     }
 
 
 def run(ctx: Context) -> Result:
     from reprogate.data.augment import augment, summary
-    from reprogate.records import write
     from reprogate.records.augment import AugmentRecord
+    from reprogate.records.base import write
 
     data = load_spec(ctx.root / load_pipeline(ctx.root).data, DataSpec)
     if data.augment is None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from reprogate.pipeline.context import Context, Result
-from reprogate.specs import Pipeline, load_pipeline
+from reprogate.specs.pipeline import Pipeline, load_pipeline
 from reprogate.utils.paths import TRAIN_FILES, WEIGHTS
 
 # The model folder's files but its weights (model.safetensors, or an export's model.onnx).

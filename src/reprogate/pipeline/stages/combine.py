@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from reprogate.pipeline.context import Context, Result
-from reprogate.specs import Pipeline
+from reprogate.specs.pipeline import Pipeline
 from reprogate.utils.paths import TRAIN_FILES
 
 PER_MODEL = "ensembles"
@@ -27,8 +27,11 @@ def dvc(p: Pipeline) -> dict[str, Any]:
     return {
         "deps": ["data/prepared", *members],
         "params": [{"specs/models/${key}.yaml": None}],
-        "outs": ["data/features/${key}", *(f"models/${{key}}/{f}" for f in TRAIN_FILES)],
-        "metrics": [{"metrics/${key}/train.json": {"cache": False}}],
+        "outs": [
+            "data/features/${key}",
+            *(f"models/${{key}}/{f}" for f in TRAIN_FILES),
+            {"metrics/${key}/train.json": {"cache": False}},
+        ],
     }
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from reprogate.pipeline.context import Context, Result
-from reprogate.specs import Pipeline, load_pipeline
+from reprogate.specs.pipeline import Pipeline, load_pipeline
 from reprogate.utils import paths
 
 PER_MODEL = None
@@ -23,8 +23,11 @@ def dvc(p: Pipeline) -> dict[str, Any]:
     return {
         "deps": [],
         "params": [{p.data: None}],
-        "outs": [str(paths.CORPUS), {"results/data.json": {"cache": False}}],
-        "metrics": [{"metrics/data.json": {"cache": False}}],
+        "outs": [
+            str(paths.CORPUS),
+            {"results/data.json": {"cache": False}},
+            {"metrics/data.json": {"cache": False}},
+        ],
     }
 
 

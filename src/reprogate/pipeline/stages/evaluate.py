@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from reprogate.pipeline.context import Context, Result
-from reprogate.specs import Pipeline
+from reprogate.specs.pipeline import Pipeline
 from reprogate.utils.paths import TRAIN_FILES, WEIGHTS
 
 # The model folder's files but its weights (model.safetensors, or an export's model.onnx).
@@ -33,8 +33,11 @@ def dvc(p: Pipeline) -> dict[str, Any]:
             "models/${key}/calibration.json",
         ],
         "params": [{p.data: None}],
-        "outs": ["predictions/${key}", {"results/${key}/eval.json": {"cache": False}}],
-        "metrics": [{"metrics/${key}/eval.json": {"cache": False}}],
+        "outs": [
+            "predictions/${key}",
+            {"results/${key}/eval.json": {"cache": False}},
+            {"metrics/${key}/eval.json": {"cache": False}},
+        ],
         "plots": [
             {
                 "plots/${key}/confusion.json": {

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from reprogate.pipeline.context import Context, Result
-from reprogate.specs import Pipeline
+from reprogate.specs.pipeline import Pipeline
 from reprogate.utils.paths import EXPORT_FILES, TRAIN_FILES
 
 PER_MODEL = "exports"
@@ -32,8 +32,11 @@ def dvc(p: Pipeline) -> dict[str, Any]:
             *members,
         ],
         "params": [{"specs/models/${key}.yaml": None}],
-        "outs": ["data/features/${key}", *(f"models/${{key}}/{f}" for f in EXPORT_FILES)],
-        "metrics": [{"metrics/${key}/export.json": {"cache": False}}],
+        "outs": [
+            "data/features/${key}",
+            *(f"models/${{key}}/{f}" for f in EXPORT_FILES),
+            {"metrics/${key}/export.json": {"cache": False}},
+        ],
     }
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from reprogate.pipeline.context import Context, Result
-from reprogate.specs import Pipeline, augments
+from reprogate.specs.pipeline import Pipeline, augments
 from reprogate.utils import paths
 
 PER_MODEL = "trained"

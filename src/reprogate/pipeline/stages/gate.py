@@ -16,10 +16,15 @@ from typing import Any
 
 from reprogate.pipeline.context import Context, Result
 from reprogate.pipeline.kinds import KINDS
-from reprogate.records import Decision, ProductionRecord, Record, ResumeRecord, parse, write
+from reprogate.records.base import Record, parse, write
 from reprogate.records.export import ExportRecord
-from reprogate.records.headline import GateMetrics
-from reprogate.specs import GateSpec, ModelSpec, Pipeline, load_pipeline, load_spec
+from reprogate.records.gate import CandidateRow, Decision, GateMetrics
+from reprogate.records.production import ProductionRecord
+from reprogate.records.resume import ResumeRecord
+from reprogate.specs.gate import GateSpec
+from reprogate.specs.loader import load_spec
+from reprogate.specs.model import ModelSpec
+from reprogate.specs.pipeline import Pipeline, load_pipeline
 from reprogate.utils import paths
 from reprogate.utils.errors import UserError
 
@@ -30,11 +35,16 @@ def dvc(p: Pipeline) -> dict[str, Any]:
     evidence = [f"results/{m}/eval.json" for m in p.models]
     evidence += [f"results/{m}/resume.json" for m, spec in p.models.items() if spec.trained]
     evidence += [f"metrics/{m}/export.json" for m, spec in p.models.items() if spec.family == "export"]
+    decision, headline = (f.as_posix() for f in paths.gate_files(p.part))
+    lists = ["models"] if p.part == "default" else ["models", "experiments"]
     return {
         "deps": [*evidence, "models/production.json"],
-        "params": [{p.gate: None}, {"params.yaml": ["models"]}],
-        "outs": [{"results/gate.json": {"cache": False}}],
-        "metrics": [{"metrics/gate.json": {"cache": False}}],
+        "params": [{p.gate: None}, {"params.yaml": lists}],
+        "outs": [{decision: {"cache": False}}],
+        "metrics": [
+            {headline: {"cache": False}},
+            *({paths.candidate_row(m).as_posix(): {"cache": False}} for m in p.builds or p.models),
+        ],
     }
 
 
@@ -89,7 +99,14 @@ def resume_evidence(root: Path, name: str) -> dict[str, Any] | None:
     return {"passed": all(r is not None and r.get("passed") for r in members.values()), "members": members}
 
 
-def decide(root: Path, models: list[str], gate_path: Path, kind: str = "classify") -> dict[str, Any]:
+def decide(
+    root: Path,
+    models: list[str],
+    gate_path: Path,
+    kind: str = "classify",
+    part: str = "default",
+    rows: tuple[str, ...] | None = None,  # whose metrics/candidates/<m>.json it writes (default: all)
+) -> dict[str, Any]:
     gate = load_spec(gate_path, GateSpec)
     prod = production(root)
     k = KINDS[kind]
@@ -124,8 +141,11 @@ def decide(root: Path, models: list[str], gate_path: Path, kind: str = "classify
         "candidates": candidates,
     }
     decision = Decision.model_validate(result)
-    write(root / paths.GATE_DECISION, decision)
-    write(root / paths.GATE_METRICS, GateMetrics.of(decision))
+    decision_file, headline_file = paths.gate_files(part)
+    write(root / decision_file, decision)
+    write(root / headline_file, GateMetrics.of(decision))
+    for name in rows if rows is not None else models:
+        write(root / paths.candidate_row(name), CandidateRow.of(decision.candidates[name], k.columns))
     return result
 
 
@@ -152,5 +172,8 @@ def summary(r: dict[str, Any]) -> str:
 
 
 def run(ctx: Context) -> Result:
-    pipe = load_pipeline(ctx.root)
-    return Result(summary(decide(ctx.root, list(pipe.models), ctx.root / pipe.gate, pipe.kind)))
+    pipe = load_pipeline(ctx.root, ctx.pipeline)
+    said = summary(
+        decide(ctx.root, list(pipe.models), ctx.root / pipe.gate, pipe.kind, pipe.part, pipe.builds)
+    )
+    return Result(said if pipe.part == "default" else f"{pipe.part} {said}")

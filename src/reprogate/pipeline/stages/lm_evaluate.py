@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from reprogate.pipeline.context import Context, Result
-from reprogate.specs import Pipeline
+from reprogate.specs.pipeline import Pipeline
 from reprogate.utils import paths
 from reprogate.utils.paths import LM_FILES
 
@@ -29,8 +29,8 @@ def dvc(p: Pipeline) -> dict[str, Any]:
         "outs": [
             "predictions/${key}",
             {"results/${key}/eval.json": {"cache": False}},
+            {"metrics/${key}/eval.json": {"cache": False}},
         ],
-        "metrics": [{"metrics/${key}/eval.json": {"cache": False}}],
     }
 
 

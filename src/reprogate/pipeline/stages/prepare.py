@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from reprogate.pipeline.context import Context, Result
-from reprogate.specs import Pipeline, load_pipeline
+from reprogate.specs.pipeline import Pipeline, load_pipeline
 
 PER_MODEL = None
 
@@ -19,8 +19,11 @@ def dvc(p: Pipeline) -> dict[str, Any]:
     return {
         "deps": [],
         "params": [{p.data: None}],
-        "outs": ["data/prepared", {"results/data.json": {"cache": False}}],
-        "metrics": [{"metrics/data.json": {"cache": False}}],
+        "outs": [
+            "data/prepared",
+            {"results/data.json": {"cache": False}},
+            {"metrics/data.json": {"cache": False}},
+        ],
     }
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from reprogate.pipeline.context import Context, Result
-from reprogate.specs import Pipeline
+from reprogate.specs.pipeline import Pipeline
 
 PER_MODEL = "trained"
 NUMERIC = True  # its outputs are floats: it reruns when params.yaml's numerics change
@@ -31,8 +31,10 @@ def dvc(p: Pipeline) -> dict[str, Any]:
     return {
         "deps": ["data/tokens/${key}"] if p.kind == "lm" else ["data/prepared", "data/features/${key}"],
         "params": [{"specs/models/${key}.yaml": None}],
-        "outs": [{"results/${key}/resume.json": {"cache": False}}],
-        "metrics": [{"metrics/${key}/resume.json": {"cache": False}}],
+        "outs": [
+            {"results/${key}/resume.json": {"cache": False}},
+            {"metrics/${key}/resume.json": {"cache": False}},
+        ],
     }
 
 

@@ -20,9 +20,11 @@ from __future__ import annotations
 from typing import Any
 
 from reprogate.pipeline.context import Context, Result
-from reprogate.records import TrainRecord
 from reprogate.records.lm import LmTrainRecord
-from reprogate.specs import ModelSpec, Pipeline, augments, load_spec
+from reprogate.records.train import TrainRecord
+from reprogate.specs.loader import load_spec
+from reprogate.specs.model import ModelSpec
+from reprogate.specs.pipeline import Pipeline, augments
 from reprogate.utils.paths import AUGMENTED, LM_FILES, TRAIN_FILES
 
 PER_MODEL = "trained"
@@ -36,8 +38,10 @@ def dvc(p: Pipeline) -> dict[str, Any]:
             "deps": ["data/tokens/${key}"],
             # The committed plan fixes a budget.train_minutes run's steps (the spec itself otherwise).
             "params": [{"specs/models/${key}.yaml": None}, {"${item.plan}": None}],
-            "outs": [f"models/${{key}}/{f}" for f in LM_FILES],
-            "metrics": [{"metrics/${key}/train.json": {"cache": False}}],
+            "outs": [
+                *(f"models/${{key}}/{f}" for f in LM_FILES),
+                {"metrics/${key}/train.json": {"cache": False}},
+            ],
             "plots": [
                 {"plots/${key}/train.tsv": {"x": "step", "y": "loss", "cache": False}},
                 *(
@@ -50,8 +54,10 @@ def dvc(p: Pipeline) -> dict[str, Any]:
     return {
         "deps": ["data/prepared", *augmented, "data/features/${key}"],
         "params": [{"specs/models/${key}.yaml": None}],
-        "outs": [f"models/${{key}}/{f}" for f in TRAIN_FILES],
-        "metrics": [{"metrics/${key}/train.json": {"cache": False}}],
+        "outs": [
+            *(f"models/${{key}}/{f}" for f in TRAIN_FILES),
+            {"metrics/${key}/train.json": {"cache": False}},
+        ],
         "plots": [{"plots/${key}/train.tsv": {"x": "step", "y": "loss", "cache": False}}],
     }
 
