@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: venv repro repro-lm remote test test-unit test-home-assistant bench-home-assistant lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy bench-registry bench-engines bench-lm bench-flake bench-serve clean
+.PHONY: venv repro repro-experiments stage-times repro-lm remote test test-unit test-home-assistant bench-home-assistant lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy bench-registry bench-engines bench-lm bench-flake bench-serve clean
 
 # Rebuilt whenever the lock or the project metadata changes. uv installs the lock (the same pins
 # pip would, in seconds instead of minutes); it reads pip's find-links (where this machine keeps
@@ -49,12 +49,28 @@ $(HA_VENV)/.installed: requirements-home-assistant.lock $(VENV)/.installed
 PULL ?= auto
 repro: venv
 	reprogate compile --check
+	@reprogate plan || echo "make repro: no projection (see above); running anyway"
 	@if [ "$(PULL)" != no ] && remote=$$(dvc remote default 2>/dev/null) && [ -n "$$remote" ]; then \
 		echo "make repro: restoring what DVC remote '$$remote' holds, running only what is missing"; \
 		echo "dvc repro --pull"; dvc repro --pull; \
 	else \
 		echo "dvc repro"; dvc repro; \
 	fi
+
+# The slower candidates (params.yaml experiments: fine-tunes, exports), experiments/dvc.yaml: built
+# on the default pipeline's data and members (run first if stale), judged by a gate of their own
+# beside the default's candidates (results/experiments/gate.json).
+repro-experiments: venv
+	reprogate compile --check
+	@reprogate plan --pipeline experiments || echo "make repro-experiments: no projection; running anyway"
+	dvc repro experiments/dvc.yaml
+
+# The stage table `reprogate plan` projects from (stage-times.json beside each dvc.yaml): a forced
+# run of the pipeline on this machine, timed. PIPELINE=experiments for the second one.
+PIPELINE ?= default
+stage-times: venv
+	@f=$$([ "$(PIPELINE)" = default ] && echo dvc.yaml || echo $(PIPELINE)/dvc.yaml); \
+	start=$$(date +%s); dvc repro -f $$f && reprogate plan --pipeline $(PIPELINE) --write-table $$(( $$(date +%s) - start ))
 
 # The language-model pipeline (lm/: Tiny Shakespeare, a causal_lm trained for the minutes its
 # committed plan fixed). `cd lm && reprogate plan gpt --write` measures this machine again.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -196,6 +197,47 @@ def test_predict_routes_queries_with_the_production_model(home):
     bad = run_cli("predict", "--input", "gap.txt", "--output", "gap.jsonl", cwd=home)
     assert bad.returncode == 2 and "gap.txt:2: the query is empty" in bad.stderr
     assert "Traceback" not in bad.stderr and not (home / "gap.jsonl").exists()
+
+
+def _swap_first_two(labels: Path) -> None:
+    names = json.loads(labels.read_text())
+    names[0], names[1] = names[1], names[0]
+    labels.write_text(json.dumps(names, indent=1) + "\n")
+
+
+def test_a_swapped_label_in_any_copy_is_refused_and_nothing_answers(home):
+    """Every byte predict loads must be what the promotion pins, not only the weights: a
+    labels.json with two labels swapped would route a query to the wrong intent and act on it."""
+    prod = json.loads((home / "models/production.json").read_text())
+    chosen = prod["model"]
+    kept = home / "models/.promoted" / prod["model_version"]
+    pinned = prod["artifacts"][f"models/{chosen}/labels.json"]
+    for copy in (kept / chosen, home / "models" / chosen):  # the kept copy, then the workspace's
+        labels = copy / "labels.json"
+        original = labels.read_bytes()
+        aside = kept.with_name("aside")
+        if copy != kept / chosen:
+            kept.rename(aside)  # no kept copy: the workspace's files must be the promoted ones
+        try:
+            _swap_first_two(labels)
+            proc = run_cli("predict", "turn on the kitchen lights", cwd=home)
+            said = " ".join(proc.stderr.split())
+            assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
+            assert f"{labels} has sha256 {hashlib.sha256(labels.read_bytes()).hexdigest()}" in said
+            assert f"pins {pinned}" in said
+        finally:
+            labels.write_bytes(original)
+            if aside.exists():
+                aside.rename(kept)
+    # A file the promotion never pinned (transformers would read an added tokenizer file) is refused too.
+    extra = kept / chosen / "assets" / "added_tokens.json"
+    extra.write_text("{}\n")
+    try:
+        proc = run_cli("predict", "turn on the kitchen lights", cwd=home)
+        assert proc.returncode == 2 and f"{extra} is a file" in " ".join(proc.stderr.split())
+    finally:
+        extra.unlink()
+    assert run_cli("predict", "turn on the kitchen lights", cwd=home).returncode == 0
 
 
 def test_failed_gate_leaves_production_untouched(home):

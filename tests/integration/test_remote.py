@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from reprogate.records import runlog
+from reprogate.utils import dvc_cli
 from tests.conftest import IDENTITY, REPO, copy_home, dvc_cmd, git_cmd, run_cli
 
 VENV = Path(sys.executable).resolve().parent.parent
@@ -178,6 +179,23 @@ def test_a_fresh_clone_answers_with_the_promoted_files_the_project_ships(home_pi
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "rebuild the promotion's commit bitwise" in proc.stderr and "models/shipped" in proc.stderr
     assert not (bare / "models/.promoted" / record["model_version"]).exists()  # nothing half-kept
+
+    # A shipped store whose labels.json has two labels swapped (what the promotion's dvc.lock
+    # and production.json pin is the original): refused by name and both hashes, nothing served.
+    forged = clone(first, tmp_path / "forged")
+    labels = f"models/{record['model']}/labels.json"
+    md5 = dvc_cli.lock_outputs((forged / "dvc.lock").read_text())[labels]
+    stored = forged / "models/shipped/files/md5" / md5[:2] / md5[2:]
+    swapped = json.loads(stored.read_text())
+    swapped[0], swapped[1] = swapped[1], swapped[0]
+    stored.chmod(0o644)
+    stored.write_text(json.dumps(swapped, indent=1) + "\n")
+    proc = run_cli("predict", "turn on the kitchen light", cwd=forged)
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
+    said = " ".join(proc.stderr.split())
+    assert "labels.json has sha256" in said and record["artifacts"][labels] in said
+    assert hashlib.sha256(stored.read_bytes()).hexdigest() in said
+    assert not (forged / "models/.promoted" / record["model_version"]).exists()
 
 
 def test_make_remote_passes_the_url_as_one_argument_never_to_the_shell(tmp_path):

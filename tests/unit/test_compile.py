@@ -61,17 +61,23 @@ def _closure(start: set[Path]) -> set[Path]:
     return seen
 
 
+# Both pipelines of the project: the default and the slower candidates beside it.
+DVC_FILES = (REPO / "dvc.yaml", REPO / "experiments" / "dvc.yaml")
+
+
 def _stage_instances() -> list:
-    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     out = []
-    for name, st in stages.items():
-        if "foreach" not in st:
-            out.append(pytest.param(name, st["cmd"], None, st.get("deps", []), id=name))
-            continue
-        for key, item in st["foreach"].items():
-            deps = [d.replace("${key}", key) for d in st["do"].get("deps", [])]
-            deps = [d.replace("${item.family}", (item or {}).get("family", "")) for d in deps]
-            out.append(pytest.param(f"{name}@{key}", st["do"]["cmd"], item, deps, id=f"{name}@{key}"))
+    for dvc_yaml in DVC_FILES:
+        where = "" if dvc_yaml.parent == REPO else f"{dvc_yaml.parent.name}:"
+        for name, st in yaml.safe_load(dvc_yaml.read_text())["stages"].items():
+            if "foreach" not in st:
+                out.append(pytest.param(name, st["cmd"], None, st.get("deps", []), id=where + name))
+                continue
+            for key, item in st["foreach"].items():
+                deps = [d.replace("${key}", key) for d in st["do"].get("deps", [])]
+                deps = [d.replace("${item.family}", (item or {}).get("family", "")) for d in deps]
+                address = f"{where}{name}@{key}"
+                out.append(pytest.param(f"{name}@{key}", st["do"]["cmd"], item, deps, id=address))
     return out
 
 
@@ -85,3 +91,37 @@ def test_every_module_a_stage_runs_is_a_dependency(stage, cmd, item, deps):
     missing = sorted(needed - set(deps))
     assert not missing, f"{stage} runs {missing} but dvc.yaml does not list them: see compile.py"
     assert "requirements.lock" in deps, f"{stage} would not rerun when a locked package changes"
+
+
+# What a gate rule touches: its threshold (the gate spec), the rule itself, and the records the
+# judging stages write. Training must not rerun for any of them (issue: a new rule retrained all).
+JUDGING = {
+    "src/reprogate/specs/gate.py",
+    "src/reprogate/specs/catalog.py",
+    "src/reprogate/pipeline/rules.py",
+    "src/reprogate/pipeline/kinds.py",
+    "src/reprogate/records/evaluation.py",
+    "src/reprogate/records/gate.py",
+    "src/reprogate/records/production.py",
+}
+TRAINING_SIDE = {"prepare", "augment", "features", "train", "combine", "export", "resume_check"}
+
+
+@pytest.mark.parametrize("stage,cmd,item,deps", _stage_instances())
+def test_no_training_side_stage_depends_on_the_gate(stage, cmd, item, deps):
+    if cmd.split()[2] in TRAINING_SIDE:
+        assert not JUDGING & set(deps), f"{stage} reruns when the gate changes: {sorted(JUDGING & set(deps))}"
+
+
+def _dependents(module: str) -> set[str]:
+    return {p.values[0].split("@")[0] for p in _stage_instances() if module in p.values[3]}
+
+
+def test_a_threshold_edit_reruns_only_the_stages_that_judge():
+    # A comment added to the gate spec's module, or to the gate's decision record: `dvc status`
+    # then names these stages and no other.
+    assert _dependents("src/reprogate/specs/gate.py") <= {"calibrate", "evaluate", "gate"}
+    assert _dependents("src/reprogate/records/gate.py") == {"gate"}
+    assert _dependents("src/reprogate/pipeline/rules.py") == {"gate"}
+    # ... while the code every stage runs is still every stage's dependency
+    assert _dependents("src/reprogate/specs/model.py") >= TRAINING_SIDE - {"augment"}

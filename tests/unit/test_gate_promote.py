@@ -168,7 +168,8 @@ def test_best_accuracy_can_lose_to_a_safer_model(tmp_path):
     assert json.loads((tmp_path / "metrics" / "gate.json").read_text()) == {"passed": True, "chosen": "safe"}
     row = json.loads((tmp_path / "metrics" / "candidates" / "sharp.json").read_text())
     assert row["passed"] is False and row["oos_fp"] == 0.05
-    assert set(row) <= {"passed", "accuracy", "ece", "coverage", "wrong_actions", "oos_fp", "real", "challenge"}
+    columns = {"passed", "accuracy", "ece", "coverage", "wrong_actions", "oos_fp", "real", "challenge"}
+    assert set(row) <= columns
     assert json.loads((tmp_path / "metrics" / "candidates" / "safe.json").read_text())["passed"] is True
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reprogate.pipeline.verify import DECISIONS_CHANGED, compare, output_md5, verify
+from reprogate.pipeline.verify import DECISIONS_CHANGED, compare, verify
+from reprogate.utils.dvc_cli import output_md5
 from reprogate.utils.errors import UserError
 from tests.conftest import git_cmd
 

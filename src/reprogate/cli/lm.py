@@ -9,6 +9,7 @@ from pathlib import Path
 
 from reprogate.runtime.device import DEVICES
 from reprogate.specs.loader import find_root
+from reprogate.utils import paths
 from reprogate.utils.errors import UserError
 
 
@@ -19,6 +20,8 @@ def _plan(args: argparse.Namespace) -> int:
     from reprogate.train.run import Paths, Setup
 
     root = find_root(Path.cwd())
+    if args.spec is None:
+        return _plan_pipeline(root, args)
     spec = Path(args.spec)
     if not spec.exists() and (root / "specs" / "models" / f"{args.spec}.yaml").is_file():
         spec = root / "specs" / "models" / f"{args.spec}.yaml"  # a model name, as the stages take
@@ -54,6 +57,21 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan_pipeline(root: Path, args: argparse.Namespace) -> int:
+    """`reprogate plan` without a spec: the whole pipeline's projected time (or, with
+    --write-table SECONDS, the stage table from the run that just took that long)."""
+    from reprogate.pipeline import projection
+
+    dvc_yaml = paths.DVC_YAML if args.pipeline == "default" else paths.EXPERIMENTS / paths.DVC_YAML
+    if not (root / dvc_yaml).is_file():
+        raise UserError(f"{root / dvc_yaml}: no such pipeline here; `reprogate compile` writes it.")
+    if args.write_table is not None:
+        print(projection.write_table(root, dvc_yaml, args.write_table))
+    else:
+        print(projection.describe(root, dvc_yaml, everything=args.all))
+    return 0
+
+
 def _generate(args: argparse.Namespace) -> int:
     from reprogate.predict.lm import load_generator
 
@@ -85,8 +103,23 @@ def _number(kind):
 
 
 def add_parsers(sub, positive, device_help: str) -> None:
-    pl = sub.add_parser("plan", help="measure a few real steps and project time and memory")
-    pl.add_argument("spec", help="a model spec file, or the name of one under specs/models/")
+    pl = sub.add_parser(
+        "plan", help="a model: measure a few real steps, project time and memory; no model: the pipeline"
+    )
+    pl.add_argument(
+        "spec",
+        nargs="?",
+        help="a model spec file, or the name of one under specs/models/; without one, the whole "
+        "pipeline's projected time, stage by stage",
+    )
+    pl.add_argument("--pipeline", choices=("default", "experiments"), default="default")
+    pl.add_argument("--all", action="store_true", help="every stage, as `dvc repro -f` runs them")
+    pl.add_argument(
+        "--write-table",
+        type=float,
+        metavar="SECONDS",
+        help="after a full run that took SECONDS: record stage-times.json beside the dvc.yaml",
+    )
     pl.add_argument(
         "--write",
         action="store_true",

@@ -102,27 +102,13 @@ def committed_outputs(root: Path, rev: str) -> dict[str, str | None]:
     return want
 
 
-def output_md5(path: Path) -> str | None:
-    """What DVC would record for `path` (a folder's ends in .dir), from the bytes themselves."""
-    from dvc_data.hashfile.build import build
-    from dvc_data.hashfile.db import HashFileDB
-    from dvc_objects.fs.local import LocalFileSystem
-
-    if not path.exists():
-        return None
-    fs = LocalFileSystem()
-    with tempfile.TemporaryDirectory(prefix="reprogate-hash-") as staging:
-        _, _, obj = build(HashFileDB(fs, staging), str(path), fs, "md5", dry_run=True)
-    return obj.hash_info.value
-
-
 def compare(root: Path, rev: str, rebuilt: Path, tolerance: float) -> list[Verdict]:
     """`rebuilt` (a project folder after `dvc repro`) against commit `rev` of the project at `root`:
     every output hashed from its own bytes, never read from the rebuild's dvc.lock (which anyone
     can copy)."""
     out = []
     for path, md5 in sorted(committed_outputs(root, rev).items()):
-        got = output_md5(rebuilt / path)
+        got = dvc_cli.output_md5(rebuilt / path)
         if got is None:
             out.append(Verdict(path, "missing", "not in the rebuilt folder"))
         elif got == md5:

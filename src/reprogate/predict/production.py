@@ -18,17 +18,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from reprogate.export.scorer import ExportScorer
 from reprogate.predict import requests, shipped
 from reprogate.predict.calibration import Policy, prediction, probabilities
 from reprogate.predict.scorers import open_scorer
+from reprogate.records import pinned
 from reprogate.records.base import load, validated
 from reprogate.records.production import RESTORE_PRODUCTION, ProductionRecord, Promoted
 from reprogate.records.train import Fingerprint
 from reprogate.train.folder import Scorer, model_version
-from reprogate.utils import git, paths
+from reprogate.utils import dvc_cli, git, paths
 from reprogate.utils.atomic import replace_dir
 from reprogate.utils.errors import UserError
+
+DVC_LOCK = Path("dvc.lock")
 
 
 @dataclass(frozen=True)
@@ -111,23 +116,46 @@ def production_sha256(root: Path) -> str | None:
     return Sources.read(root).identity()
 
 
-def _mismatch(record: Promoted, model_dir: Path, since: str) -> str | None:
-    """Why `model_dir` is not the promoted model, or None. Compared: the version (weights, and
-    an ensemble's members) and the calibrated policy, not files such as the fingerprint that
-    change with unrelated code."""
+def pins_of(root: Path, record: Promoted) -> pinned.Pins:
+    """Every file of the promoted model and its members, as the promotion commit pins them: the
+    record's sha256s and the md5s of that commit's dvc.lock (none in a copy without git)."""
+    commit = record.code_commit
+    md5: dict[str, str] = {}
+    if commit and git.git_dir(root):
+        for lock in (DVC_LOCK, paths.EXPERIMENTS / DVC_LOCK):
+            try:
+                md5 |= {k: v for k, v in dvc_cli.lock_outputs(git.committed(root, lock, commit)).items() if v}
+            except (yaml.YAMLError, AttributeError, TypeError, KeyError):
+                continue  # a damaged lock pins nothing; the record's own sha256s still must hold
+    where = f"{paths.PRODUCTION} (and dvc.lock at {commit[:12]})" if md5 and commit else str(paths.PRODUCTION)
+    return pinned.Pins(record.artifacts or {}, md5, where)
+
+
+def _mismatch(
+    record: Promoted, model_dir: Path, members_dir: Path, pins: pinned.Pins, since: str
+) -> str | None:
+    """Why `model_dir` (with its members in `members_dir`) is not the promoted model, or None:
+    the version (weights, an ensemble's members), the calibrated policy, then every byte of
+    every file the model and its members load, against what the promotion pins."""
     calibrated = record.family != "causal_lm"  # a language model has no routing policy
     if not paths.weights_in(model_dir).is_file() or (
         calibrated and not (model_dir / "calibration.json").is_file()
     ):
         return f"{model_dir} is not built"
+    if why := pinned.check(model_dir, record.model, pins):
+        return f"{why}, {since}"
     if (now := model_version(model_dir)) != record.model_version:
         return f"{model_dir} holds {now}, {since}"
-    pinned = record.calibration
-    if pinned:
-        levels = {k: getattr(pinned, k) for k in requests.RULES}
-        kept = Policy(pinned.temperature, pinned.threshold, pinned.margin, **levels)
+    pinned_policy = record.calibration
+    if pinned_policy:
+        levels = {k: getattr(pinned_policy, k) for k in requests.RULES}
+        kept = Policy(pinned_policy.temperature, pinned_policy.threshold, pinned_policy.margin, **levels)
         if Policy.load(model_dir / "calibration.json") != kept:
             return f"{model_dir}/calibration.json was refitted, {since}"
+    members = load(model_dir / "fingerprint.json", Fingerprint, "it is pinned, so it reads").members or {}
+    for member in members:
+        if why := pinned.check(members_dir / member, member, pins):
+            return f"{why}, {since}"
     return None
 
 
@@ -137,12 +165,13 @@ def production_files(root: Path, record: Promoted) -> tuple[Path, Path]:
     restored from the files shipped with the project (models/shipped)."""
     version, name = record.model_version, record.model
     kept = root / paths.PROMOTED / version
+    pins = pins_of(root, record)
     if not (kept / name).is_dir():
-        why = _mismatch(record, root / paths.model_dir(name), "retrained since")
+        why = _mismatch(record, root / paths.model_dir(name), root / paths.MODELS, pins, "retrained since")
         if why is None:
             return root / paths.model_dir(name), root / paths.MODELS
-        _restore_shipped(root, record, kept, why)
-    if why := _mismatch(record, kept / name, "changed after the promotion"):
+        _restore_shipped(root, record, kept, why, pins)
+    if why := _mismatch(record, kept / name, kept, pins, "changed after the promotion"):
         raise UserError(
             f"{root / paths.PRODUCTION} pins {version}, but its kept copy {why}. Delete {kept} to "
             f"fall back to the workspace's models/{name}, or promote again after a passing gate."
@@ -150,7 +179,7 @@ def production_files(root: Path, record: Promoted) -> tuple[Path, Path]:
     return kept / name, kept
 
 
-def _restore_shipped(root: Path, record: Promoted, kept: Path, why: str) -> None:
+def _restore_shipped(root: Path, record: Promoted, kept: Path, why: str, pins: pinned.Pins) -> None:
     """The kept copy, from the shipped remote at the promotion's commit; or the paragraph with
     the two ways a clone gets the promoted files."""
     name, version, commit = record.model, record.model_version, record.code_commit
@@ -164,7 +193,7 @@ def _restore_shipped(root: Path, record: Promoted, kept: Path, why: str) -> None
             members = load(tmp / name / "fingerprint.json", Fingerprint, "restored from models/shipped")
             for member in members.members or {}:
                 shipped.restore(root, commit, member, tmp / member)
-            if wrong := _mismatch(record, tmp / name, "not the promoted files"):
+            if wrong := _mismatch(record, tmp / name, tmp, pins, "not the promoted files"):
                 raise LookupError(wrong)
     except (LookupError, OSError, UserError) as e:
         raise UserError(

@@ -111,11 +111,17 @@ def _common(root: Path, name: str, cand: dict[str, Any]) -> dict[str, Any]:
     """The fields of a production record every kind of model has."""
     model_dir = root / paths.model_dir(name)
     params = load_params(root)
+    # Every file predict and serve load: the model's folder and its members' (records/pinned.py).
+    members = load(model_dir / "fingerprint.json", Fingerprint, RERUN).members or {}
+    folders = [model_dir, *(root / paths.model_dir(m) for m in members)]
     return dict(
         model=name,
         model_version=cand["model_version"],
         artifacts={
-            str(p.relative_to(root)): sha256_file(p) for p in sorted(model_dir.rglob("*")) if p.is_file()
+            str(p.relative_to(root)): sha256_file(p)
+            for folder in folders
+            for p in sorted(folder.rglob("*"))
+            if p.is_file()
         },
         spec_hashes={
             f"specs/models/{name}.yaml": spec_hash(load_any(root / paths.model_spec(name))),

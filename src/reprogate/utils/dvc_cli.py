@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -60,3 +61,17 @@ def lock_outputs(text: str | bytes | None) -> dict[str, str | None]:
     """Every output path of a dvc.lock with its md5 (a folder's ends in .dir)."""
     lock = yaml.safe_load(text or "") or {}
     return {o["path"]: o.get("md5") for s in lock.get("stages", {}).values() for o in s.get("outs", [])}
+
+
+def output_md5(path: Path) -> str | None:
+    """What DVC would record for `path` (a folder's ends in .dir), from the bytes themselves."""
+    from dvc_data.hashfile.build import build
+    from dvc_data.hashfile.db import HashFileDB
+    from dvc_objects.fs.local import LocalFileSystem
+
+    if not path.exists():
+        return None
+    fs = LocalFileSystem()
+    with tempfile.TemporaryDirectory(prefix="reprogate-hash-") as staging:
+        _, _, obj = build(HashFileDB(fs, staging), str(path), fs, "md5", dry_run=True)
+    return obj.hash_info.value

@@ -1,0 +1,66 @@
+"""What a promotion pins of the files predict and serve load, and the one check against it.
+
+A promoted model is served only from files whose bytes the promotion commit names: the sha256
+of each file of the model's folder (models/production.json `artifacts`; a promotion made from
+now on lists its members' folders too) and the md5 DVC recorded for every output of every stage
+(dvc.lock at the commit the promotion was made from, which covers an ensemble's members in
+any case). A folder is servable only when every file in it is pinned and equal, and every
+pinned file is there: a labels.json with two labels swapped, a refitted calibration, an extra
+tokenizer file, all are refused before a scorer is built. predict/production.py opens every
+folder it serves through `check`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from reprogate.utils import dvc_cli, paths
+from reprogate.utils.hashing import sha256_file
+
+
+@dataclass(frozen=True)
+class Pins:
+    sha256: dict[str, str]  # project-relative path -> sha256 (production.json artifacts)
+    md5: dict[str, str] = field(default_factory=dict)  # dvc.lock outputs (a folder's ends in .dir)
+    where: str = "models/production.json"  # said in every refusal
+
+    def under(self, name: str) -> tuple[dict[str, str], dict[str, str]]:
+        """(sha256 pins, md5 pins) of models/<name>/'s files, relative to that folder."""
+        prefix = f"{paths.model_dir(name).as_posix()}/"
+        cut = lambda d: {k[len(prefix) :]: v for k, v in d.items() if k.startswith(prefix) and v}  # noqa: E731
+        return cut(self.sha256), cut(self.md5)
+
+
+def _md5(path: Path) -> str:
+    digest = hashlib.md5()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check(folder: Path, name: str, pins: Pins) -> str | None:
+    """Why `folder` (a copy of models/<name>/) is not byte for byte what `pins` say, or None."""
+    sha, md5 = pins.under(name)
+    if not sha and not md5:
+        return f"{pins.where} pins no file of models/{name}/, so none of {folder} may be served"
+    dirs = {d.removesuffix("/"): v for d, v in md5.items() if v.endswith(".dir")}
+    present = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    for rel in present:
+        here = folder / rel
+        if rel in sha and (got := sha256_file(here)) != sha[rel]:
+            return f"{here} has sha256 {got}, but {pins.where} pins {sha[rel]}"
+        if rel in md5 and rel not in dirs and (got := _md5(here)) != md5[rel]:
+            return f"{here} has md5 {got}, but {pins.where} pins {md5[rel]}"
+        if rel not in sha and rel not in md5 and not any(rel.startswith(f"{d}/") for d in dirs):
+            return f"{here} is a file {pins.where} does not pin"
+    missing = sorted((set(sha) | set(md5) - set(dirs)) - set(present))
+    missing += sorted(d for d in dirs if not (folder / d).is_dir())
+    if missing:
+        return f"{folder / missing[0]} is missing, though {pins.where} pins it"
+    for d, want in dirs.items():
+        if (got := dvc_cli.output_md5(folder / d)) != want:
+            return f"{folder / d}/ hashes to {got} as DVC hashes a folder, but {pins.where} pins {want}"
+    return None
