@@ -132,6 +132,17 @@ def make_home_project(root: Path) -> Path:
     return root
 
 
+def without_experiments(root: Path) -> None:
+    """A copy of this project on other data: its experiments (BANKING77's slower candidates)
+    are not part of it."""
+    import yaml
+
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params.pop("experiments", None)
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    shutil.rmtree(root / "experiments", ignore_errors=True)
+
+
 def write_model_spec(root: Path, name: str, spec: dict) -> Path:
     import yaml
 
@@ -198,6 +209,7 @@ def build_home_pipeline(dest: Path) -> Path:
     (root / "params.yaml").write_text(
         yaml.safe_dump(dict(params, data="specs/data/home.yaml", models=["tiny", "tiny2", "duo"]))
     )
+    without_experiments(root)
     # This copy starts with nothing in production, whatever this repository has promoted.
     (root / "models/production.json").write_text('{"model": null}\n')
     # This project's own lock: DVC keeps entries of stages a dvc.yaml no longer declares, and

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import BIN, copy_project, run_cli, write_model_spec
+from tests.conftest import BIN, copy_project, run_cli, without_experiments, write_model_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -49,6 +49,7 @@ def project(tmp_path_factory, mirror) -> Path:
     write_model_spec(root, "small", SMALL)
     params = yaml.safe_load((root / "params.yaml").read_text())
     (root / "params.yaml").write_text(yaml.safe_dump(dict(params, models=["small"]), sort_keys=False))
+    without_experiments(root)
     (root / "dvc.lock").unlink()  # the repository's stages are not this project's (conftest)
     run_cli("compile", cwd=root, check=True)
     dvc(root, "repro", mirror=mirror)

@@ -5,16 +5,29 @@ status that says the worst."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from reprogate.pipeline.verify import DECISIONS_CHANGED, compare, verify
+from reprogate.pipeline.verify import (
+    DECISIONS_CHANGED,
+    OWNER,
+    WORKSPACE,
+    clean_leftovers,
+    compare,
+    verify,
+)
 from reprogate.utils.dvc_cli import output_md5
 from reprogate.utils.errors import UserError
-from tests.conftest import git_cmd
+from tests.conftest import REPO, git_cmd
 
 EVAL = {"acc": 0.9, "sets": {"test": {"ece": 0.0125}}, "n": 3}
 
@@ -127,3 +140,53 @@ def test_the_pr_report_says_whether_the_base_reproduced(repo, tmp_path):
     assert "**bitwise** (3 bitwise, 0 within tolerance 1e-06, 0 different, 0 missing" in "\n".join(
         _reproduced(reproduced(repo, "HEAD", d))
     )
+
+
+def test_a_verify_stopped_midway_leaves_nothing_behind_after_the_next_run(repo):
+    """A verify killed while rebuilding (SIGKILL, a closed terminal) cannot clean up; the next
+    one removes its worktree and folder and says so, and leaves a running verify's alone."""
+    stopped = Path(tempfile.mkdtemp(prefix=WORKSPACE))
+    git_cmd(repo, "worktree", "add", "-q", "--detach", str(stopped / "tree"), "HEAD")
+    (stopped / "tree" / "cache.bin").write_bytes(b"x" * 2_000_000)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (stopped / OWNER).write_text(str(gone.pid))
+    running = Path(tempfile.mkdtemp(prefix=WORKSPACE))
+    (running / OWNER).write_text(str(os.getpid()))
+    try:
+        said = clean_leftovers(repo)
+        assert not stopped.exists() and running.exists()
+        assert said == [f"verify: removed {stopped} (2 MB), left by a verify that was stopped"]
+        assert str(stopped) not in git_cmd(repo, "worktree", "list")
+    finally:
+        shutil.rmtree(running)
+        shutil.rmtree(stopped, ignore_errors=True)
+
+
+def test_sigterm_during_the_rebuild_removes_the_worktree(repo):
+    # A commit whose rebuild takes a while: a project (its entry point) with one slow stage.
+    shutil.copy(REPO / "pyproject.toml", repo / "pyproject.toml")
+    (repo / "dvc.yaml").write_text("stages:\n  slow:\n    cmd: sleep 20\n")
+    subprocess.run([str(Path(sys.executable).with_name("dvc")), "init", "-q"], cwd=repo, check=True)
+    git_cmd(repo, "add", "-A")
+    git_cmd(repo, "commit", "-qm", "a slow stage")
+    before = set(Path(tempfile.gettempdir()).glob(f"{WORKSPACE}*"))
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("reprogate")), "verify", "HEAD"],
+        cwd=repo,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not (new := set(Path(tempfile.gettempdir()).glob(f"{WORKSPACE}*")) - before):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
+        time.sleep(0.1)
+    [folder] = new
+    while not (folder / "tree").exists() and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    assert proc.returncode != 0 and not folder.exists()
+    assert "Traceback" not in proc.stderr.read()
+    assert str(folder) not in git_cmd(repo, "worktree", "list")

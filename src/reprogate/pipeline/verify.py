@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -168,6 +170,36 @@ def rebuild(root: Path, rev: str, into: Path) -> Path:
     return project
 
 
+WORKSPACE = "reprogate-verify-"  # the temporary folder of one rebuild: the worktree and its cache
+OWNER = "owner.pid"  # in it: the verify process that made it
+
+
+def clean_leftovers(root: Path) -> list[str]:
+    """Remove the rebuild folders of verify runs that were killed (SIGKILL, a closed terminal)
+    before they could clean up, and their git worktrees; what was removed, to be said."""
+    said = []
+    for folder in sorted(Path(tempfile.gettempdir()).glob(f"{WORKSPACE}*")):
+        try:
+            pid = int((folder / OWNER).read_text())
+            os.kill(pid, 0)
+            continue  # its verify is still running
+        except ProcessLookupError:
+            pass
+        except (OSError, ValueError):
+            if not (folder / "tree").exists():
+                continue  # not a rebuild folder verify made
+        size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and not f.is_symlink())
+        git.run(root, "worktree", "remove", "--force", str(folder / "tree"), check=False)
+        shutil.rmtree(folder, ignore_errors=True)
+        said.append(f"verify: removed {folder} ({size / 1e6:.0f} MB), left by a verify that was stopped")
+    git.run(root, "worktree", "prune", check=False)
+    return said
+
+
+def _stop_cleanly(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # runs the finally blocks, which remove the worktree
+
+
 def _decisions(root: Path, commit: str, rebuilt: Path) -> list[decisions.Held]:
     held = [decisions.gate(git.committed(root, Path(decisions.GATE), commit), rebuilt)]
     folders = [p for p in committed_outputs(root, commit) if p.startswith("predictions/")]
@@ -188,7 +220,11 @@ def verify(root: Path, rev: str, rebuilt: Path | None, tolerance: float) -> tupl
         verdicts = compare(root, commit, rebuilt, tolerance)
         held = _decisions(root, commit, rebuilt)
     else:
-        with tempfile.TemporaryDirectory(prefix="reprogate-verify-") as tmp:
+        for line in clean_leftovers(root):
+            print(line, file=sys.stderr)
+        signal.signal(signal.SIGTERM, _stop_cleanly)
+        with tempfile.TemporaryDirectory(prefix=WORKSPACE) as tmp:
+            (Path(tmp) / OWNER).write_text(str(os.getpid()))
             try:
                 project = rebuild(root, commit, Path(tmp))
                 verdicts = compare(root, commit, project, tolerance)
