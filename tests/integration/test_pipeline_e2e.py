@@ -103,9 +103,16 @@ def test_data_spec_edit_reruns_prepare(project, mirror):
     assert "split.seed" in diff
 
 
-def test_metrics_are_visible_to_dvc(project, mirror):
-    shown = dvc(project, "metrics", "show", "--json", mirror=mirror).stdout
-    assert "metrics/data.json" in shown
+def test_dvc_metrics_show_is_one_row_per_candidate_and_the_rest_on_request(project, mirror):
+    shown = json.loads(dvc(project, "metrics", "show", "--json", mirror=mirror).stdout)[""]["data"]
+    assert set(shown) == {"metrics/gate.json", "metrics/candidates/small.json"}
+    row = shown["metrics/candidates/small.json"]["data"]
+    columns = {"accuracy", "ece", "coverage", "wrong_actions", "oos_fp", "real", "challenge", "passed"}
+    assert set(row) == columns
+    table = dvc(project, "metrics", "show", mirror=mirror).stdout.splitlines()
+    assert len(table) == 3 and max(map(len, table)) <= 160  # a terminal's width
+    asked = dvc(project, "metrics", "show", "metrics/data.json", mirror=mirror).stdout
+    assert "rows.train" in asked
 
 
 def test_compile_check_catches_a_stale_dvc_yaml(project):

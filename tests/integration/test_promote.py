@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -212,31 +213,42 @@ def test_a_swapped_label_in_any_copy_is_refused_and_nothing_answers(home):
     chosen = prod["model"]
     kept = home / "models/.promoted" / prod["model_version"]
     pinned = prod["artifacts"][f"models/{chosen}/labels.json"]
-    for copy in (kept / chosen, home / "models" / chosen):  # the kept copy, then the workspace's
-        labels = copy / "labels.json"
-        original = labels.read_bytes()
-        aside = kept.with_name("aside")
-        if copy != kept / chosen:
-            kept.rename(aside)  # no kept copy: the workspace's files must be the promoted ones
-        try:
-            _swap_first_two(labels)
-            proc = run_cli("predict", "turn on the kitchen lights", cwd=home)
-            said = " ".join(proc.stderr.split())
-            assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
-            assert f"{labels} has sha256 {hashlib.sha256(labels.read_bytes()).hexdigest()}" in said
-            assert f"pins {pinned}" in said
-        finally:
-            labels.write_bytes(original)
-            if aside.exists():
-                aside.rename(kept)
+    labels = kept / chosen / "labels.json"
+    original = labels.read_bytes()
+    try:
+        _swap_first_two(labels)
+        proc = run_cli("predict", "turn on the kitchen lights", cwd=home)
+        said = " ".join(proc.stderr.split())
+        assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
+        where = labels.relative_to(home)  # commands name paths inside the project from its root
+        assert f"{where} has sha256 {hashlib.sha256(labels.read_bytes()).hexdigest()}" in said
+        assert f"pins {pinned}" in said
+    finally:
+        labels.write_bytes(original)
     # A file the promotion never pinned (transformers would read an added tokenizer file) is refused too.
     extra = kept / chosen / "assets" / "added_tokens.json"
     extra.write_text("{}\n")
     try:
         proc = run_cli("predict", "turn on the kitchen lights", cwd=home)
-        assert proc.returncode == 2 and f"{extra} is a file" in " ".join(proc.stderr.split())
+        said = " ".join(proc.stderr.split())
+        assert proc.returncode == 2 and f"{extra.relative_to(home)} is a file" in said
     finally:
         extra.unlink()
+    # No kept copy and a swapped label in the workspace: the workspace is not production, so the
+    # promoted bytes come back from the shipped store instead, and only they answer.
+    aside = kept.with_name("aside")
+    kept.rename(aside)
+    workspace = home / "models" / chosen / "labels.json"
+    before = workspace.read_bytes()
+    try:
+        _swap_first_two(workspace)
+        proc = run_cli("predict", "turn on the kitchen lights", cwd=home)
+        assert proc.returncode == 0 and f"restoring models/{chosen} of" in proc.stderr
+        assert hashlib.sha256((kept / chosen / "labels.json").read_bytes()).hexdigest() == pinned
+    finally:
+        workspace.write_bytes(before)
+        shutil.rmtree(kept, ignore_errors=True)
+        aside.rename(kept)
     assert run_cli("predict", "turn on the kitchen lights", cwd=home).returncode == 0
 
 

@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reprogate.predict import calibrate, combine
+from reprogate.promote.promotion import artifacts
 from reprogate.serve.app import MAX_BATCH, MAX_BODY_BYTES, MAX_TEXT_CHARS, create_app
 from reprogate.train import job
 from reprogate.train import run as training
@@ -39,6 +40,7 @@ def _promote_by_hand(root: Path, name: str) -> None:
     record = {
         "model": name,
         "model_version": model_version(root / "models" / name),
+        "artifacts": artifacts(root, name),  # every file the server loads, by sha256
         "code_commit": "test",
         "data_sha256": {"train": "x"},
     }
@@ -564,10 +566,10 @@ def test_production_outlives_a_retrain_and_a_revert_brings_the_old_model_back(tm
     # neither a member (its calibration here) nor the ensemble's own weights.
     kept = root / "models/.promoted" / v1
     shutil.copy(root / "models/tiny/calibration.json", kept / "tiny/calibration.json")
-    with pytest.raises(UserError, match=r"combined from other versions of tiny\b"):
+    with pytest.raises(UserError, match=r"tiny/calibration.json has sha256 \w{64}, but .* pins \w{64}"):
         load_servable(root)
     shutil.copy(root / "models/duo/model.safetensors", kept / "duo/model.safetensors")
-    with pytest.raises(UserError, match=rf"pins {v1}, but its kept copy .*duo holds .*changed after the"):
+    with pytest.raises(UserError, match=rf"pins {v1}, but its kept copy .*duo/model.safetensors has sha256"):
         load_servable(root)
 
 

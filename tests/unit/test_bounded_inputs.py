@@ -182,7 +182,11 @@ def test_healthz_clears_a_reload_error_once_the_record_is_restored(project):
     from reprogate.train.folder import model_version
 
     record = project / "models" / "production.json"
-    good = json.dumps({"model": "tiny", "model_version": model_version(project / "models" / "tiny")})
+    from reprogate.promote.promotion import artifacts
+
+    version = model_version(project / "models" / "tiny")
+    tiny = {"model_version": version, "artifacts": artifacts(project, "tiny")}
+    good = json.dumps({"model": "tiny", **tiny})
     record.write_text(good)
     with TestClient(create_app(project, watch_interval=3600)) as client:
         holder = client.app.state.holder

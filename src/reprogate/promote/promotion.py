@@ -107,22 +107,27 @@ def plan(root: Path) -> dict[str, Any]:
     return {"record": record, **tags, "message": "\n".join(lines)}
 
 
-def _common(root: Path, name: str, cand: dict[str, Any]) -> dict[str, Any]:
-    """The fields of a production record every kind of model has."""
+def artifacts(root: Path, name: str) -> dict[str, str]:
+    """Every file predict and serve load, by sha256: the model's folder and its members'
+    (records/pinned.py checks them before anything is served)."""
     model_dir = root / paths.model_dir(name)
-    params = load_params(root)
-    # Every file predict and serve load: the model's folder and its members' (records/pinned.py).
     members = load(model_dir / "fingerprint.json", Fingerprint, RERUN).members or {}
     folders = [model_dir, *(root / paths.model_dir(m) for m in members)]
+    return {
+        str(p.relative_to(root)): sha256_file(p)
+        for folder in folders
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _common(root: Path, name: str, cand: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a production record every kind of model has."""
+    params = load_params(root)
     return dict(
         model=name,
         model_version=cand["model_version"],
-        artifacts={
-            str(p.relative_to(root)): sha256_file(p)
-            for folder in folders
-            for p in sorted(folder.rglob("*"))
-            if p.is_file()
-        },
+        artifacts=artifacts(root, name),
         spec_hashes={
             f"specs/models/{name}.yaml": spec_hash(load_any(root / paths.model_spec(name))),
             params.data: spec_hash(load_any(root / params.data)),

@@ -54,7 +54,9 @@ def check(folder: Path, name: str, pins: Pins) -> str | None:
             return f"{here} has sha256 {got}, but {pins.where} pins {sha[rel]}"
         if rel in md5 and rel not in dirs and (got := _md5(here)) != md5[rel]:
             return f"{here} has md5 {got}, but {pins.where} pins {md5[rel]}"
-        if rel not in sha and rel not in md5 and not any(rel.startswith(f"{d}/") for d in dirs):
+        # The record lists every file of a folder it pins; dvc.lock may pin a whole folder.
+        listed = rel in sha or (not sha and (rel in md5 or any(rel.startswith(f"{d}/") for d in dirs)))
+        if not listed:
             return f"{here} is a file {pins.where} does not pin"
     missing = sorted((set(sha) | set(md5) - set(dirs)) - set(present))
     missing += sorted(d for d in dirs if not (folder / d).is_dir())
