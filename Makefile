@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: venv repro repro-experiments stage-times repro-lm remote test test-unit test-home-assistant bench-home-assistant lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy bench-registry bench-engines bench-lm bench-flake bench-serve clean
+.PHONY: venv repro repro-experiments stage-times repro-lm remote test test-long test-unit test-home-assistant bench-home-assistant lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy bench-registry bench-engines bench-lm bench-flake bench-serve clean
 
 # Rebuilt whenever the lock or the project metadata changes. uv installs the lock (the same pins
 # pip would, in seconds instead of minutes); it reads pip's find-links (where this machine keeps
@@ -90,7 +90,13 @@ test: venv
 	reprogate validate specs/
 	reprogate compile --check
 	cd lm && reprogate validate specs/ && reprogate compile --check
-	python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests/unit tests/integration
+	python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not long" tests/unit tests/integration
+
+# The long tests (pytest marker `long`, docs/testing.md): whole-pipeline reproductions in fresh
+# clones, a promote killed at every step, servers under hostile load, the larger encoders' and
+# Ray's resume properties. CI (.ci/run) runs them after `make test`.
+test-long: venv
+	python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m long tests/integration
 
 # The edit loop: lint and the unit tests (specs, layers, rules, units of every package; each test
 # in process or one short command), under 3 minutes. `make test` runs these and the integration

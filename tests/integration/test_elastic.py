@@ -147,6 +147,7 @@ def test_any_rank_killed_anywhere_is_restarted_by_the_elastic_agent_and_ends_bit
     _kill_one_rank(project, reference, tmp_path_factory.mktemp("killed"), "ranks", *kill)
 
 
+@pytest.mark.long  # docs/testing.md: `make test-long`, run by CI
 @settings(
     max_examples=1,
     deadline=None,
@@ -188,6 +189,7 @@ except UserError as e:
 """
 
 
+@pytest.mark.long  # docs/testing.md: `make test-long`, run by CI
 def test_a_ray_rank_failing_past_max_restarts_stops_the_run_with_its_error(tmp_path, ray_cluster):
     # Restarts themselves are the property above's.
     spec = dict(TINY_NGRAM, processes=2, executor="ray", max_restarts=0)

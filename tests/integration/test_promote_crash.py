@@ -25,6 +25,9 @@ from reprogate.utils.errors import UserError
 from reprogate.utils.git import PROMOTION_JOURNAL
 from tests.conftest import BIN, IDENTITY, copy_home, git_cmd, run_cli
 
+# A real promote killed at every step: minutes of one worker (`make test-long`, run by CI).
+pytestmark = pytest.mark.long
+
 PAUSES = [
     "promote:planned",
     "promote:copy",

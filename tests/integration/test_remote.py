@@ -41,6 +41,7 @@ def clone(source: Path, dest: Path) -> Path:
     return dest
 
 
+@pytest.mark.long  # docs/testing.md: `make test-long`, run by CI
 def test_a_fresh_clone_reproduces_every_stage_to_the_committed_files(home_pipeline, tmp_path):
     root = clone(home_pipeline, tmp_path / "fresh")
     proc = make_repro(root)
@@ -59,6 +60,7 @@ def test_a_fresh_clone_reproduces_every_stage_to_the_committed_files(home_pipeli
     assert prepare["wall_s"] > 0 and prepare["peak_rss_gb"] > 0
 
 
+@pytest.mark.long  # docs/testing.md: `make test-long`, run by CI
 def test_two_clones_share_a_remote_and_the_second_runs_nothing(home_pipeline, tmp_path):
     first = copy_home(home_pipeline, tmp_path / "first")
     said = run_cli("remote", str(tmp_path / "remote"), cwd=first, check=True).stdout

@@ -18,6 +18,9 @@ from scipy.stats import binomtest
 
 from tests.conftest import copy_home, dvc_cmd, git_cmd, run_cli, write_model_spec
 
+# Two revisions of the home pipeline, each built (a minute and a half): `make test-long`, run by CI.
+pytestmark = pytest.mark.long
+
 
 def _at(root: Path, rev: str, path: str) -> dict:
     return json.loads(git_cmd(root, "show", f"{rev}:{path}"))

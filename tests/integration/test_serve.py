@@ -773,6 +773,7 @@ def _serve_process(project: Path, port: int, log: Path, *flags: str) -> subproce
     raise AssertionError(f"reprogate serve did not start:\n{log.read_text()[-3000:]}")
 
 
+@pytest.mark.long  # docs/testing.md: `make test-long`, run by CI
 def test_half_open_connections_never_stop_a_normal_client_and_the_log_stays_small(project, tmp_path):
     """2,000 sockets that send half a request (slowloris), more than the server's 1,024 files:
     a normal client is answered, the stuck sockets are closed after the header deadline, and the
@@ -846,6 +847,7 @@ def test_fifty_hot_reloads_keep_the_servers_memory_flat(tmp_path):
         gc.enable()
 
 
+@pytest.mark.long  # docs/testing.md: `make test-long`, run by CI
 def test_hostile_clauses_and_clients_that_hang_up_leave_small_clients_answered(project, tmp_path):
     """Texts of hundreds of clauses are refused before they cost anything (when the model scores
     clauses), 60 clients that hang up at once leave no work behind, and a small client is answered

@@ -313,8 +313,12 @@ def _encoder_spec(mode: str) -> dict:
 @pytest.mark.parametrize(
     ("mode", "pooling"),
     # Adapters are trained with a pooling variant (half the time of full mode; plain mean pooling
-    # is the full and frozen cases').
-    [("full", {}), ("frozen", {}), ("lora", {"layers": 2, "normalize": True})],
+    # is the full and frozen cases'). Full and LoRA take a minute each: `make test-long`.
+    [
+        pytest.param("full", {}, marks=pytest.mark.long),
+        ("frozen", {}),
+        pytest.param("lora", {"layers": 2, "normalize": True}, marks=pytest.mark.long),
+    ],
 )
 def test_encoder_resumes_bitwise_identically(project, mode, pooling):
     name = f"enc_{mode}{len(pooling)}"
@@ -490,6 +494,7 @@ def test_two_processes_stop_together_over_their_budget(project):
     assert ckpt.meta["trainer"]["global_step"] == 1 and set(ckpt.meta["rng"]) == {"rank0", "rank1"}
 
 
+@pytest.mark.long  # docs/testing.md: `make test-long`, run by CI
 def test_resume_check_stage_kills_one_rank_and_the_agent_restarts_it(project, two_ranks):
     rc = dict(TINY_NGRAM["resume_check"], kill_rank=1)
     write_model_spec(project, "ranks_rc", dict(TINY_NGRAM, processes=2, resume_check=rc))
@@ -603,6 +608,7 @@ def test_exported_model_files_do_not_depend_on_offline_settings(project):
     assert files("1") == files("0")
 
 
+@pytest.mark.long  # docs/testing.md: `make test-long`, run by CI
 def test_sentence_pair_training_resumes_bitwise_identically_and_pairs_same_intent_texts(project):
     """encoder.contrastive (SetFit-style pairs beside the head's loss) with a head learning rate of
     its own: the same exact resume as every other run, and each pair is two texts of one intent."""
