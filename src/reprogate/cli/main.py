@@ -13,6 +13,7 @@ from pathlib import Path
 
 from reprogate.cli import args as cli_args
 from reprogate.cli import doctor as cli_doctor
+from reprogate.cli import encoders as cli_encoders
 from reprogate.cli import lm as cli_lm
 from reprogate.pipeline.runner import NAMES
 from reprogate.pipeline.verify import DEFAULT_TOLERANCE
@@ -311,12 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--run-dir", help="checkpoint folder (default: runs/NAME)")
     st.add_argument("--work-dir", help="put checkpoints, model, metrics and plots of this run here")
     st.add_argument("--skip-plan", action="store_true", help="do not measure/project before training")
-    st.add_argument(
-        "--pipeline",
-        choices=("default", "experiments"),
-        default="default",
-        help="the gate of params.yaml's models (default) or of its experiments beside them",
-    )
+    st.add_argument("--pipeline", choices=("default", "experiments"), default="default", help="gate: which")
     st.set_defaults(func=_stage)
 
     pr = sub.add_parser(
@@ -360,6 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_verify(sub)
     cli_doctor.add_parser(sub)
+    cli_encoders.add_parser(sub)
 
     cli_lm.add_parsers(sub, cli_args.positive_int, DEVICE_HELP)
     return p

