@@ -75,7 +75,7 @@ def test_the_table_is_written_from_a_full_run_and_the_cli_prints_the_projection(
     assert table["stages"]["train@tiny"] == {"seconds": 2.0, "updates": 12}
     assert table["startup_s"] == pytest.approx((100 - 2.0 * len(addresses)) / len(addresses), abs=0.01)
     out = run_cli("plan", "--all", cwd=home, check=True).stdout
-    assert out.startswith(f"plan: dvc.yaml: {len(addresses)} stages (every stage (forced)), about ")
+    assert out.startswith(f"plan: dvc.yaml: {len(addresses)} stages (all, as `dvc repro -f`), about ")
     assert "its last run here" in out
     write_model_spec(home, "tiny", {**TINY_NGRAM, "steps": 24})  # the run logs still answer first
     assert "its last run here" in run_cli("plan", "--all", cwd=home, check=True).stdout

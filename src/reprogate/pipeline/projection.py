@@ -24,7 +24,6 @@ import yaml
 
 from reprogate.records.base import Record, load, write
 from reprogate.records.runlog import RunLogEntry
-from reprogate.records.train import TrainRecord
 from reprogate.utils import dvc_cli, git, jsonl, paths
 from reprogate.utils.errors import UserError
 
@@ -34,6 +33,12 @@ TABLE = "stage-times.json"
 class StageTime(Record):
     seconds: float  # the stage's own wall time (its run log's wall_s)
     updates: int | None = None  # a training stage's optimizer updates in that run
+
+
+class Steps(Record):
+    """metrics/<m>/train.json as the table reads it: the optimizer updates the run made."""
+
+    steps: int
 
 
 class StageTable(Record):
@@ -137,7 +142,7 @@ def project(root: Path, dvc_yaml: Path, everything: bool) -> tuple[list[Projecte
 
 def describe(root: Path, dvc_yaml: Path, everything: bool) -> str:
     rows, table, factor = project(root, dvc_yaml, everything)
-    which = "every stage (forced)" if everything else "the stages `dvc status` names"
+    which = "all, as `dvc repro -f`" if everything else "those `dvc status` names"
     if not rows:
         return f"plan: {dvc_yaml}: nothing to run, every stage is up to date"
     total = sum(r.seconds or 0.0 for r in rows)
@@ -171,11 +176,8 @@ def write_table(root: Path, dvc_yaml: Path, run_seconds: float) -> str:
     stages = {}
     for a, s in measured.items():
         record = root / paths.metrics_dir(a.partition("@")[2]) / "train.json"
-        steps = (
-            load(record, TrainRecord, "rerun it").steps
-            if a.startswith("train@") and record.is_file()
-            else None
-        )
+        # A classifier's TrainRecord and a language model's LmTrainRecord both count `steps`.
+        steps = load(record, Steps, "rerun it").steps if a.startswith("train@") and record.is_file() else None
         stages[a] = StageTime(seconds=round(s, 2), updates=steps)
     own = sum(s.seconds for s in stages.values())
     table = StageTable(
