@@ -131,7 +131,11 @@ def artifacts(p: Pipeline) -> dict[str, dict[str, Any]]:
 
 
 def render(root: Path, part: Part = "default") -> str:
-    p = load_pipeline(root, part)
+    return _render(load_pipeline(root, part))
+
+
+def _render(p: Pipeline) -> str:
+    root = p.root
     # The stages that judge read the gate spec; a broken one is named before any of them runs.
     load_spec(root / p.gate, GateSpec)
     out = {name: s for name in runner.PIPELINES[p.kind] if (s := stage(name, p)) is not None}
@@ -159,7 +163,8 @@ def _parts(root: Path) -> list[Part]:
 
 
 def _compile_part(root: Path, part: Part, check: bool) -> str:
-    text = render(root, part)
+    p = load_pipeline(root, part)
+    text = _render(p)
     production = root / paths.PRODUCTION
     if not production.is_file():
         # The gate depends on it, and `dvc repro` would stop with a bare "No such file".
@@ -168,7 +173,7 @@ def _compile_part(root: Path, part: Part, check: bool) -> str:
             "with `git checkout -- models/production.json`; a project with nothing in production yet "
             'keeps {"model": null} there, and only `reprogate promote` changes it.'
         )
-    target = root / (paths.DVC_YAML if part == "default" else paths.EXPERIMENTS / paths.DVC_YAML)
+    target = root / p.dvc_yaml
     if check:
         current = target.read_text() if target.is_file() else ""
         if current != text:

@@ -118,8 +118,7 @@ def project(root: Path, dvc_yaml: Path, everything: bool) -> tuple[list[Projecte
         if table_path.is_file()
         else None
     )
-    speed = probe()
-    factor = speed / table.probe_s if table else 1.0
+    factor = probe() / table.probe_s if table else 1.0  # torch and the probe only when there is a table
     todo = instances(root, dvc_yaml)
     if not everything:
         todo = [a for a in todo if a in stale(root, dvc_yaml)]

