@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from reprogate.predict import calibrate  # noqa: E402
+from reprogate.promote.promotion import artifacts  # noqa: E402
 from reprogate.train import job  # noqa: E402
 from reprogate.train import run as training  # noqa: E402
 from reprogate.train.folder import model_version  # noqa: E402
@@ -31,7 +32,13 @@ def promote_file(root: Path, name: str) -> str:
     """models/production.json as `reprogate promote` leaves it for the server (the fields it
     reads), replaced atomically like a git checkout of the file."""
     version = model_version(root / "models" / name)
-    record = {"model": name, "model_version": version, "code_commit": "test", "data_sha256": {"train": "x"}}
+    record = {
+        "model": name,
+        "model_version": version,
+        "artifacts": artifacts(root, name),  # every file the server loads, by sha256: serve checks them
+        "code_commit": "test",
+        "data_sha256": {"train": "x"},
+    }
     tmp = root / "models" / "production.json.tmp"
     tmp.write_text(json.dumps(record))
     tmp.replace(root / "models" / "production.json")
