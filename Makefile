@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: venv repro repro-experiments stage-times repro-lm remote test test-long test-unit test-home-assistant bench-home-assistant lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy bench-registry bench-engines bench-lm bench-flake bench-serve clean
+.PHONY: venv repro repro-experiments stage-times repro-lm remote test test-long test-unit test-home-assistant bench-home-assistant lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy bench-registry bench-engines bench-lm bench-flake bench-serve bench-encoders clean
 
 # Rebuilt whenever the lock or the project metadata changes. uv installs the lock (the same pins
 # pip would, in seconds instead of minutes); it reads pip's find-links (where this machine keeps
@@ -68,6 +68,8 @@ repro: venv
 # The slower candidates (params.yaml experiments: fine-tunes, exports), experiments/dvc.yaml: built
 # on the default pipeline's data and members (run first if stale), judged by a gate of their own
 # beside the default's candidates (results/experiments/gate.json).
+# The experiments include all-mpnet-base-v2 candidates: the optional encoder is installed first.
+repro-experiments: EXTRAS = mpnet
 repro-experiments: venv
 	reprogate compile --check
 	@reprogate plan --pipeline experiments || echo "make repro-experiments: no projection; running anyway"
@@ -170,6 +172,11 @@ bench-lm: venv
 # HTTP, q/s at batch 1 and 64 and from 32 concurrent clients, memory, accuracy (needs `make repro`).
 bench-serve: venv
 	python bench/serve_bench.py
+
+# all-MiniLM-L6-v2 against all-mpnet-base-v2, candidate by candidate, with paired intervals: read
+# from what `make repro` and `make repro-experiments` built (trains nothing).
+bench-encoders: venv
+	python bench/encoders.py
 
 # The run registry at 100 runs x 3,000 paired predictions: sync, no-op sync, compare, sizes.
 bench-registry: venv

@@ -151,6 +151,36 @@ def write_model_spec(root: Path, name: str, spec: dict) -> Path:
     return path
 
 
+def write_tiny_bert(root: Path, out: Path) -> None:
+    """A 2-layer BERT (hidden size 32) over the words of the project's raw files, saved as a
+    Hugging Face folder: an encoder that needs no download and no model package."""
+    import json
+    import re
+
+    import torch
+    from transformers import BertConfig, BertModel
+
+    words: set[str] = set()
+    for f in (root / "raw").glob("*.csv"):
+        words.update(re.findall(r"\w+|[^\w\s]", f.read_text(encoding="utf-8").lower()))
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *sorted(words)]
+    out.mkdir(parents=True)
+    (out / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    (out / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "BertTokenizer", "do_lower_case": True, "model_max_length": 64})
+    )
+    config = BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    BertModel(config).save_pretrained(out)
+
+
 def git_cmd(root: Path, *args: str) -> str:
     return subprocess.run(
         ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],

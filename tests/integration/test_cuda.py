@@ -8,7 +8,6 @@ fixture's words, so that they need no model download and no model package on the
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ import torch
 
 from reprogate.records import runlog
 from reprogate.train import checkpoint
-from tests.conftest import TINY_NGRAM, make_home_project, run_cli, write_model_spec
+from tests.conftest import TINY_NGRAM, make_home_project, run_cli, write_model_spec, write_tiny_bert
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -26,32 +25,8 @@ TINY_BERT = "encoders/tiny_bert"
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     root = make_home_project(tmp_path_factory.mktemp("home_cuda"))
-    _write_tiny_bert(root, root / TINY_BERT)
+    write_tiny_bert(root, root / TINY_BERT)
     return root
-
-
-def _write_tiny_bert(root: Path, out: Path) -> None:
-    from transformers import BertConfig, BertModel
-
-    words: set[str] = set()
-    for f in (root / "raw").glob("*.csv"):
-        words.update(re.findall(r"\w+|[^\w\s]", f.read_text(encoding="utf-8").lower()))
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *sorted(words)]
-    out.mkdir(parents=True)
-    (out / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
-    (out / "tokenizer_config.json").write_text(
-        json.dumps({"tokenizer_class": "BertTokenizer", "do_lower_case": True, "model_max_length": 64})
-    )
-    config = BertConfig(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    BertModel(config).save_pretrained(out)
 
 
 def _encoder(mode: str, encoder: dict | None = None, **over) -> dict:

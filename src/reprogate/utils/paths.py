@@ -74,6 +74,8 @@ def gate_files(part: str) -> tuple[Path, Path]:
     if part == "default":
         return GATE_DECISION, GATE_METRICS
     return RESULTS / part / "gate.json", METRICS / part / "gate.json"
+
+
 # The production record (written only by `reprogate promote`, read by the gate and serving).
 PRODUCTION = MODELS / "production.json"
 # A copy of each promoted model's files (an ensemble's members too), by model version:
