@@ -101,7 +101,7 @@ test: venv
 	reprogate validate specs/
 	reprogate compile --check
 	cd lm && reprogate validate specs/ && reprogate compile --check
-	python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not long" tests/unit tests/integration
+	python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 -m "not long" tests/unit tests/integration
 
 # The long tests (pytest marker `long`, docs/testing.md): whole-pipeline reproductions in fresh
 # clones, a promote killed at every step, servers under hostile load, the larger encoders' and

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from reprogate.runtime.device import DEVICES
 from reprogate.specs.loader import find_root
+from reprogate.specs.pipeline import PARTS
 from reprogate.utils import paths
 from reprogate.utils.errors import UserError
 
@@ -112,7 +113,7 @@ def add_parsers(sub, positive, device_help: str) -> None:
         help="a model spec file, or the name of one under specs/models/; without one, the whole "
         "pipeline's projected time, stage by stage",
     )
-    pl.add_argument("--pipeline", choices=("default", "experiments"), default="default")
+    pl.add_argument("--pipeline", choices=PARTS, default="default")
     pl.add_argument("--all", action="store_true", help="every stage, as `dvc repro -f` runs them")
     pl.add_argument(
         "--write-table",
