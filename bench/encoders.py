@@ -16,9 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-
-from reprogate.utils import stats
+from reprogate.report.build import pair_predictions
+from reprogate.utils.jsonl import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = {  # mpnet candidate -> the MiniLM candidate of the same recipe
@@ -33,27 +32,24 @@ SETS = ("test", "real_test")
 CHOSEN = "ensemble"
 
 
-def predictions(name: str, split: str) -> dict[str, tuple[str, str]]:
-    path = ROOT / "predictions" / name / f"{split}.jsonl"
-    rows = [json.loads(x) for x in path.read_text().splitlines()]
-    return {r["id"]: (r["gold"], r["predicted"]) for r in rows}
+def predictions(name: str, split: str) -> dict[str, tuple[str, str, str]]:
+    rows = read_jsonl(ROOT / "predictions" / name / f"{split}.jsonl")
+    return {r["id"]: (r["text"], r["gold"], r["predicted"]) for r in rows}
 
 
 def paired(base: str, head: str, split: str) -> dict:
+    """The report's pairing (`reprogate report`), here between two candidates of one revision."""
     pb, ph = predictions(base, split), predictions(head, split)
     ids = sorted(set(pb) & set(ph))
-    if not ids or any(pb[i][0] != ph[i][0] for i in ids):
+    if not ids or any(pb[i][:2] != ph[i][:2] for i in ids):
         raise SystemExit(f"bench-encoders: {base} and {head} did not predict the same {split} items")
-    labels = sorted({pb[i][0] for i in ids} | {p[i][1] for p in (pb, ph) for i in ids})
-    index = {x: k for k, x in enumerate(labels)}
-    gold = np.array([index[pb[i][0]] for i in ids])
-    yb, yh = (np.array([index[p[i][1]] for i in ids]) for p in (pb, ph))
+    p = pair_predictions(pb, ph, ids)
     return {
         "items": len(ids),
-        "base": float((yb == gold).mean()),
-        "head": float((yh == gold).mean()),
-        "delta_ci95": stats.paired_bootstrap(gold, yb, yh, len(labels))["accuracy"],
-        "mcnemar_p": stats.mcnemar(yb == gold, yh == gold)["p_value"],
+        "base": sum(pb[i][1] == pb[i][2] for i in ids) / len(ids),
+        "head": sum(ph[i][1] == ph[i][2] for i in ids) / len(ids),
+        "delta_ci95": p["delta_ci95"]["accuracy"],
+        "mcnemar_p": p["p_value"],
     }
 
 

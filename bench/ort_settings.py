@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
+from serve_bench import ms  # bench/, this script's folder
 
 from reprogate.export.runtime import INPUTS, ONNX, Preprocess, session_options
 from reprogate.utils.text import canonical
@@ -55,8 +55,7 @@ def timed(session, feeds: list[dict]) -> dict[str, float]:
         start = time.perf_counter()
         session.run([output], feed)
         times.append(time.perf_counter() - start)
-    a = np.array(times) * 1000
-    return {"p50_ms": round(float(np.percentile(a, 50)), 2), "p95_ms": round(float(np.percentile(a, 95)), 2)}
+    return ms(times)
 
 
 def main() -> None:

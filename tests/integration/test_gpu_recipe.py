@@ -19,7 +19,7 @@ TINY_BERT = "encoders/tiny_bert"
 CPU_HOST = {"CUDA_VISIBLE_DEVICES": ""}  # what a home server without a GPU sees
 
 
-def _shipped(name: str, root: Path, **over) -> dict:
+def _shipped(name: str, **over) -> dict:
     spec = yaml.safe_load((REPO / "specs" / "models" / f"{name}.yaml").read_text())
     return dict(spec, data="specs/data/home.yaml", **over)
 
@@ -30,7 +30,6 @@ def project(tmp_path_factory) -> Path:
     write_tiny_bert(root, root / TINY_BERT)
     spec = _shipped(
         "mpnet_pairs",
-        root,
         device=DEVICE,
         augment=False,  # the home data has no augment step
         micro_batch=8,
@@ -44,7 +43,7 @@ def project(tmp_path_factory) -> Path:
     spec.pop("budget")
     write_model_spec(root, "pairs", spec)
     for name in ("mpnet_pairs_onnx", "mpnet_pairs_int8"):
-        export = _shipped(name, root)
+        export = _shipped(name)
         export["export"]["source"] = "pairs"
         write_model_spec(root, name.replace("mpnet_", ""), export)
     return root

@@ -99,7 +99,9 @@ def _metrics(base: Revision, head: Revision, models: list[str]) -> list[dict[str
     return rows
 
 
-def _pair(pb: dict, ph: dict, common: list[str]) -> dict[str, Any]:
+def pair_predictions(pb: dict, ph: dict, common: list[str]) -> dict[str, Any]:
+    """Two models' predictions of the same items (id -> (text, gold, predicted)), on `common`:
+    McNemar's exact test and the paired-bootstrap 95% intervals of head minus base."""
     labels = sorted({ph[i][1] for i in common})
     index = {lbl: k for k, lbl in enumerate(labels)}  # a prediction outside gold: wrong
     gold = np.array([index[ph[i][1]] for i in common])
@@ -123,7 +125,7 @@ def _paired(base: Revision, head: Revision, models: list[str]) -> dict[str, Any]
         common = [i for i in ph if i in pb and pb[i][:2] == ph[i][:2]]
         sizes = {"base_items": len(pb), "head_items": len(ph)}
         if common:
-            out[name] = _pair(pb, ph, common) | sizes
+            out[name] = pair_predictions(pb, ph, common) | sizes
         else:
             why = "no prediction file" if not (pb and ph) else "no item in common"
             out[name] = {"paired": False, "why": why} | sizes
