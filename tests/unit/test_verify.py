@@ -142,11 +142,15 @@ def test_the_pr_report_says_whether_the_base_reproduced(repo, tmp_path):
     )
 
 
-def test_a_verify_stopped_midway_leaves_nothing_behind_after_the_next_run(repo):
+@pytest.mark.parametrize("locked", [False, True], ids=["checked-out", "mid-checkout"])
+def test_a_verify_stopped_midway_leaves_nothing_behind_after_the_next_run(repo, locked):
     """A verify killed while rebuilding (SIGKILL, a closed terminal) cannot clean up; the next
-    one removes its worktree and folder and says so, and leaves a running verify's alone."""
+    one removes its worktree and folder and says so, and leaves a running verify's alone. Killed
+    during `git worktree add`, the worktree is still locked ("initializing") as git left it."""
     stopped = Path(tempfile.mkdtemp(prefix=WORKSPACE))
     git_cmd(repo, "worktree", "add", "-q", "--detach", str(stopped / "tree"), "HEAD")
+    if locked:
+        git_cmd(repo, "worktree", "lock", "--reason", "initializing", str(stopped / "tree"))
     (stopped / "tree" / "cache.bin").write_bytes(b"x" * 2_000_000)
     gone = subprocess.Popen(["true"])
     gone.wait()

@@ -174,6 +174,13 @@ WORKSPACE = "reprogate-verify-"  # the temporary folder of one rebuild: the work
 OWNER = "owner.pid"  # in it: the verify process that made it
 
 
+def remove_worktree(root: Path, tree: Path) -> None:
+    """Remove a rebuild's worktree, also one that `git worktree add` left locked: a verify
+    stopped while git was still checking the commit out ends its git, whose worktree then stays
+    locked ("initializing"), and git removes a locked worktree only when forced twice."""
+    git.run(root, "worktree", "remove", "--force", "--force", str(tree), check=False)
+
+
 def clean_leftovers(root: Path) -> list[str]:
     """Remove the rebuild folders of verify runs that were killed (SIGKILL, a closed terminal)
     before they could clean up, and their git worktrees; what was removed, to be said."""
@@ -189,7 +196,7 @@ def clean_leftovers(root: Path) -> list[str]:
             if not (folder / "tree").exists():
                 continue  # not a rebuild folder verify made
         size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and not f.is_symlink())
-        git.run(root, "worktree", "remove", "--force", str(folder / "tree"), check=False)
+        remove_worktree(root, folder / "tree")
         shutil.rmtree(folder, ignore_errors=True)
         said.append(f"verify: removed {folder} ({size / 1e6:.0f} MB), left by a verify that was stopped")
     git.run(root, "worktree", "prune", check=False)
@@ -230,7 +237,7 @@ def verify(root: Path, rev: str, rebuilt: Path | None, tolerance: float) -> tupl
                 verdicts = compare(root, commit, project, tolerance)
                 held = _decisions(root, commit, project)
             finally:
-                git.run(root, "worktree", "remove", "--force", str(Path(tmp) / "tree"), check=False)
+                remove_worktree(root, Path(tmp) / "tree")
     lines = [f"{v.verdict:<17} {v.path}" + (f"  ({v.detail})" if v.detail else "") for v in verdicts]
     counts = {k: sum(v.verdict == k for v in verdicts) for k in EXIT}
     worst = max((v.verdict for v in verdicts), key=EXIT.__getitem__)
