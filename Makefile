@@ -8,6 +8,8 @@ export REPROGATE_MIRROR ?= $(abspath ../shared/datasets)
 endif
 export PATH := $(BIN):$(PATH)
 # Test workers: one per core, at most 4 (each holds its own torch and fixtures).
+# Extra pytest options, e.g. `make test PYTEST_ARGS=--junitxml=/tmp/junit.xml` for tools/test_times.py.
+PYTEST_ARGS ?=
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && echo 4 || echo $$n)
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
@@ -100,7 +102,7 @@ test: venv
 	reprogate validate specs/
 	reprogate compile --check
 	cd lm && reprogate validate specs/ && reprogate compile --check
-	python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 -m "not long" tests/unit tests/integration
+	python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 -m "not long" $(PYTEST_ARGS) tests/unit tests/integration
 
 # The long tests (pytest marker `long`, docs/testing.md): whole-pipeline reproductions in fresh
 # clones, a promote killed at every step, servers under hostile load, the larger encoders' and
