@@ -8,8 +8,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
-from tests.conftest import copy_home, dvc_cmd, git_cmd, run_cli
+from tests.conftest import IDENTITY, TINY_NGRAM, copy_home, dvc_cmd, git_cmd, run_cli, write_model_spec
 
 _git, _dvc = git_cmd, dvc_cmd
 
@@ -265,3 +266,39 @@ def test_failed_gate_leaves_production_untouched(home):
     refused = run_cli("promote", cwd=home)
     assert refused.returncode == 2 and "the gate did not pass" in refused.stderr
     assert (home / "models/production.json").read_bytes() == before
+
+
+def test_an_experiments_candidate_is_promoted_from_its_own_gate_and_ships(home_pipeline, tmp_path):
+    """params.yaml `experiments` is a second pipeline with a gate of its own. Before anyone runs
+    it, the default gate's choice is promoted as ever (outputs never built in the other pipeline
+    are no reason to refuse); `promote --pipeline experiments` promotes what its gate chose, with
+    the files experiments/dvc.lock pins shipped, so a fresh clone answers with it."""
+    root = copy_home(home_pipeline, tmp_path / "home")
+    # Longer and at a higher rate than the default's three (0.85 on the toy test set, each): 1.0
+    # there under the pin, so the experiments' gate chooses it over them.
+    strong = dict(TINY_NGRAM, seed=7, steps=240, optimizer={"lr": 0.1})
+    write_model_spec(root, "strong", dict(strong, checkpoint={"every_steps": 50, "keep": 2}))
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    (root / "params.yaml").write_text(yaml.safe_dump(dict(params, experiments=["strong"])))
+    run_cli("compile", cwd=root, check=True)
+    _git(root, "add", "-A")
+    _git(root, "commit", "-qm", "an experiment")
+    default = run_cli("promote", "--dry-run", cwd=root)
+    assert default.returncode == 0 and "would write models/production.json" in default.stdout, default.stderr
+    early = run_cli("promote", "--pipeline", "experiments", cwd=root)
+    assert early.returncode == 2 and "results/experiments/gate.json does not exist" in early.stderr
+    assert "dvc repro experiments/dvc.yaml" in early.stderr
+    _dvc(root, "repro", "experiments/dvc.yaml")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-qm", "the experiment, run")
+    chosen = json.loads((root / "results/experiments/gate.json").read_text())["chosen"]
+    assert chosen == "strong"
+    run_cli("promote", "--pipeline", "experiments", cwd=root, env=IDENTITY, check=True)
+    prod = json.loads((root / "models/production.json").read_text())
+    assert prod["model"] == "strong" and "models/strong/model.safetensors" in prod["artifacts"]
+    assert _git(root, "status", "--porcelain").strip() == ""
+    clone = tmp_path / "clone"
+    _git(tmp_path, "clone", "-q", str(root), str(clone))
+    said = run_cli("predict", "turn on the lights", cwd=clone, check=True)
+    assert json.loads(said.stdout.splitlines()[0])["model_version"] == prod["model_version"]
+    assert "restoring models/strong" in said.stderr

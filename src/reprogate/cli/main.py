@@ -21,6 +21,7 @@ from reprogate.registry import command as registry
 from reprogate.runtime.device import DEVICES
 from reprogate.specs.catalog import load_any
 from reprogate.specs.loader import find_root
+from reprogate.specs.pipeline import PARTS
 from reprogate.utils import jsonl, queries
 from reprogate.utils.errors import UserError, relative
 
@@ -97,7 +98,7 @@ def _stage(args: argparse.Namespace) -> int:
 def _promote(args: argparse.Namespace) -> int:
     from reprogate.promote.promotion import promote
 
-    print(promote(_project(), dry_run=args.dry_run, push=args.push))
+    print(promote(_project(), dry_run=args.dry_run, push=args.push, part=args.pipeline))
     return 0
 
 
@@ -315,18 +316,16 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--run-dir", help="checkpoint folder (default: runs/NAME)")
     st.add_argument("--work-dir", help="put checkpoints, model, metrics and plots of this run here")
     st.add_argument("--skip-plan", action="store_true", help="do not measure/project before training")
-    st.add_argument("--pipeline", choices=("default", "experiments"), default="default", help="gate: which")
+    st.add_argument("--pipeline", choices=PARTS, default="default", help="gate: which")
     st.set_defaults(func=_stage)
 
     pr = sub.add_parser(
         "promote", help="put the model that passed the gate into production (git commit + tag)"
     )
     pr.add_argument("--dry-run", action="store_true", help="show what would be written and committed")
-    pr.add_argument(
-        "--push",
-        action="store_true",
-        help="push the outputs to the DVC remote first (a failure changes nothing), then the commit and tag",
-    )
+    push = "push the outputs to the DVC remote first (a failure changes nothing), then the commit and tag"
+    pr.add_argument("--push", action="store_true", help=push)
+    pr.add_argument("--pipeline", choices=PARTS, default="default", help="whose gate (experiments/ has one)")
     pr.set_defaults(func=_promote)
 
     _add_report(sub)

@@ -25,6 +25,7 @@ from reprogate.utils import dvc_cli, paths
 from reprogate.utils.errors import UserError
 
 REMOTE = "shipped"
+DVC_LOCK = Path("dvc.lock")
 
 
 def declared(root: Path) -> bool:
@@ -35,9 +36,11 @@ def declared(root: Path) -> bool:
 
 def outputs_under(root: Path, folders: list[str]) -> list[str]:
     """The dvc.lock outputs inside models/<folder>/ for each folder (a model's files are the
-    outputs of several stages: train writes the weights, calibrate the policy)."""
-    lock = root / "dvc.lock"
-    outs = dvc_cli.lock_outputs(lock.read_text() if lock.is_file() else None)
+    outputs of several stages: train writes the weights, calibrate the policy), in the default
+    pipeline's lock or the experiments' (an experiment's ensemble has members in both)."""
+    outs: dict[str, str | None] = {}
+    for lock in (root / DVC_LOCK, root / paths.EXPERIMENTS / DVC_LOCK):
+        outs |= dvc_cli.lock_outputs(lock.read_text() if lock.is_file() else None)
     prefixes = [f"{paths.model_dir(f).as_posix()}/" for f in folders]
     found = sorted(p for p in outs if any(p.startswith(x) for x in prefixes))
     missing = [f for f, x in zip(folders, prefixes, strict=True) if not any(p.startswith(x) for p in found)]

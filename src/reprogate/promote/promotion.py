@@ -1,9 +1,10 @@
 """`reprogate promote`: the only way production changes, as a git commit a reviewer can read.
 
-Refuses unless results/gate.json chose a candidate, the workspace has no uncommitted change,
-and `dvc status` shows every output up to date (so the gate's evidence belongs to this
-commit). Then keeps a copy of the model's files in models/.promoted/<version>/ (git-ignored),
-writes models/production.json, commits it with every gate rule and value in the message, and
+Refuses unless results/gate.json chose a candidate (`--pipeline experiments`: the experiments'
+gate, results/experiments/gate.json), the workspace has no uncommitted change, and `dvc status`
+shows every output of that pipeline up to date (so the gate's evidence belongs to this commit).
+Then keeps a copy of the model's files in models/.promoted/<version>/ (git-ignored), writes
+models/production.json, commits it with every gate rule and value in the message, and
 adds an annotated tag in GTO's format `<artifact>#prod#<n>`.
 `git log -- models/production.json` is the promotion history; reverting a promotion commit
 is a rollback.
@@ -29,6 +30,7 @@ from reprogate.records.train import Fingerprint, ModelConfig
 from reprogate.specs.base import spec_hash
 from reprogate.specs.catalog import load_any
 from reprogate.specs.loader import load_params
+from reprogate.specs.pipeline import Part
 from reprogate.train.folder import model_version, read_calibration
 from reprogate.utils import dvc_cli, git, locks, paths
 from reprogate.utils.atomic import replace_dir
@@ -52,11 +54,12 @@ def is_promotion(subject: str, name: str | None = None) -> bool:
     return subject.startswith(f"promote {name} (" if name else "promote ")
 
 
-def read_decision(root: Path, fix: str) -> dict[str, Any]:
-    """results/gate.json, or one paragraph naming the file, what is wrong with it and `fix`."""
-    path = root / paths.GATE_DECISION
+def read_decision(root: Path, fix: str, part: Part = "default") -> dict[str, Any]:
+    """The gate's decision of pipeline `part` (results/gate.json for the default), or one
+    paragraph naming the file, what is wrong with it and `fix`."""
+    path = root / paths.gate_files(part)[0]
     if not path.is_file():
-        raise UserError(f"{path} does not exist: run `dvc repro` (the gate stage) first.")
+        raise UserError(f"{path} does not exist: run `dvc repro {_dvc_yaml(part)}` (the gate stage) first.")
     decision, why = parse(path, Decision)
     if decision is not None and decision.passed and decision.chosen not in decision.candidates:
         why = f"gate.json chose {decision.chosen!r}, which is not among its candidates"
@@ -65,9 +68,13 @@ def read_decision(root: Path, fix: str) -> dict[str, Any]:
     return decision.model_dump(mode="json", exclude_unset=True)
 
 
-def plan(root: Path) -> dict[str, Any]:
+def _dvc_yaml(part: Part) -> Path:
+    return paths.DVC_YAML if part == "default" else paths.EXPERIMENTS / paths.DVC_YAML
+
+
+def plan(root: Path, part: Part = "default") -> dict[str, Any]:
     """Everything promote would write, after every refusal check."""
-    gate = read_decision(root, RERUN)
+    gate = read_decision(root, RERUN, part)
     if not gate["passed"]:
         raise UserError(
             "promotion refused: the gate did not pass for this workspace: "
@@ -84,11 +91,14 @@ def plan(root: Path) -> dict[str, Any]:
             "promotion refused: the workspace has uncommitted changes; commit them (with dvc.lock and "
             f"metrics) so the promotion points at a reproducible commit:\n{dirty}"
         )
-    stale = dvc_cli.status(root)
+    # The gate's evidence is this pipeline's (the experiments' build on the default's): a second
+    # pipeline nobody has run is not a reason to refuse the first's candidate.
+    pipelines = [paths.DVC_YAML] if part == "default" else [paths.DVC_YAML, _dvc_yaml(part)]
+    stale = dvc_cli.status(root, *pipelines)
     if stale:
         raise UserError(
             f"promotion refused: `dvc status` shows stages out of date ({', '.join(sorted(stale))}); "
-            "run `dvc repro`, commit, and promote again."
+            f"run `dvc repro {' '.join(map(str, pipelines))}`, commit, and promote again."
         )
     name = gate["chosen"]
     cand = gate["candidates"][name]
@@ -247,7 +257,7 @@ def push_commit(root: Path, tags: list[str]) -> str:
     return f"promote: pushed the promotion commit to {remote}/{branch} and tags {', '.join(tags)}, together"
 
 
-def promote(root: Path, dry_run: bool = False, push: bool = False) -> str:
+def promote(root: Path, dry_run: bool = False, push: bool = False, part: Part = "default") -> str:
     git_dir = git.git_dir(root)
     if git_dir is None:
         raise UserError(
@@ -262,7 +272,7 @@ def promote(root: Path, dry_run: bool = False, push: bool = False) -> str:
                 said
                 + f"would finish the interrupted promotion of {journal.model_version} (tag {journal.tag})"
             )
-        return said + _fresh(root, git_dir, dry_run=True)
+        return said + _fresh(root, git_dir, dry_run=True, part=part)
     with promote_commit.exclusive(root, git_dir):
         # Said at once: a refusal below must not hide that a lock file was removed.
         print(locks.clear(root, git_dir), end="", flush=True)
@@ -272,7 +282,7 @@ def promote(root: Path, dry_run: bool = False, push: bool = False) -> str:
             commit = promote_commit.finish(root, git_dir, journal)
             said = pushed + "promote: finished a promotion a killed run had begun.\n" + _done(journal, commit)
             return said + ("\n" + push_commit(root, promote_commit.tags(journal)) if push else "")
-        return _fresh(root, git_dir, dry_run=False, push=push)
+        return _fresh(root, git_dir, dry_run=False, push=push, part=part)
 
 
 def _same_project(root: Path, journal: PromotionJournal) -> None:
@@ -287,8 +297,8 @@ def _same_project(root: Path, journal: PromotionJournal) -> None:
         )
 
 
-def _fresh(root: Path, git_dir: Path, dry_run: bool, push: bool = False) -> str:
-    p = plan(root)
+def _fresh(root: Path, git_dir: Path, dry_run: bool, push: bool = False, part: Part = "default") -> str:
+    p = plan(root, part)
     pushed = push_outputs(root) if push and not dry_run else ""
     written = dumps(p["record"])
     record = json.loads(written)

@@ -46,9 +46,10 @@ def last_error(proc: subprocess.CompletedProcess) -> str:
     return (errors or lines or [f"exit status {proc.returncode}"])[-1]
 
 
-def status(root: Path) -> dict:
-    """`dvc status --json`: the stages whose dependencies or outputs changed ({} when clean)."""
-    return json.loads(run(root, "status", "--json") or "{}")
+def status(root: Path, *targets: Path) -> dict:
+    """`dvc status --json`: the stages whose dependencies or outputs changed ({} when clean), of
+    the given dvc.yaml files, or of every dvc.yaml in the project when none is given."""
+    return json.loads(run(root, "status", "--json", *map(str, targets)) or "{}")
 
 
 def default_remote(root: Path) -> str | None:
