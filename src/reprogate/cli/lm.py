@@ -10,7 +10,7 @@ from pathlib import Path
 from reprogate.runtime.device import DEVICES
 from reprogate.specs.loader import find_root
 from reprogate.specs.pipeline import PARTS
-from reprogate.utils import paths
+from reprogate.utils import dvc_cli
 from reprogate.utils.errors import UserError
 
 
@@ -63,7 +63,7 @@ def _plan_pipeline(root: Path, args: argparse.Namespace) -> int:
     --write-table SECONDS, the stage table from the run that just took that long)."""
     from reprogate.pipeline import projection
 
-    dvc_yaml = paths.DVC_YAML if args.pipeline == "default" else paths.EXPERIMENTS / paths.DVC_YAML
+    dvc_yaml = dvc_cli.pipeline_file(args.pipeline)
     if not (root / dvc_yaml).is_file():
         raise UserError(f"{root / dvc_yaml}: no such pipeline here; `reprogate compile` writes it.")
     if args.write_table is not None:

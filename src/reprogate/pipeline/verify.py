@@ -40,7 +40,6 @@ from reprogate.specs.roots import mirror_dirs
 from reprogate.utils import dvc_cli, git
 from reprogate.utils.errors import UserError
 
-DVC_LOCK = Path("dvc.lock")
 EXIT = {"bitwise": 0, "within tolerance": 1, "different": 3, "missing": 3}
 # A decision that moved (an intent, a route, a gate verdict) is worse than any bits.
 DECISIONS_CHANGED = 4
@@ -93,14 +92,14 @@ def compare_file(path: str, committed: bytes | None, rebuilt: Path, tolerance: f
 def committed_outputs(root: Path, rev: str) -> dict[str, str | None]:
     """The outputs of `rev`'s dvc.lock with their md5s, or a paragraph when it is unreadable."""
     try:
-        want = dvc_cli.lock_outputs(git.committed(root, DVC_LOCK, rev))
+        want = dvc_cli.lock_outputs(git.committed(root, dvc_cli.LOCK, rev))
     except (yaml.YAMLError, AttributeError, TypeError, KeyError) as e:
         raise UserError(
-            f"{rev}: {DVC_LOCK} at that commit is not a dvc.lock DVC wrote ({type(e).__name__}); "
+            f"{rev}: {dvc_cli.LOCK} at that commit is not a dvc.lock DVC wrote ({type(e).__name__}); "
             "verify a commit whose dvc.lock `dvc repro` wrote."
         ) from None
     if not want:
-        raise UserError(f"{rev}: no {DVC_LOCK} with outputs at that commit; nothing to verify.")
+        raise UserError(f"{rev}: no {dvc_cli.LOCK} with outputs at that commit; nothing to verify.")
     return want
 
 
@@ -219,9 +218,9 @@ def verify(root: Path, rev: str, rebuilt: Path | None, tolerance: float) -> tupl
     if not commit:
         raise UserError(f"verify: '{rev}' is not a commit of {root}; give a commit, branch or tag.")
     if rebuilt is not None:
-        if not (rebuilt / DVC_LOCK).is_file() or not (rebuilt / "params.yaml").is_file():
+        if not (rebuilt / dvc_cli.LOCK).is_file() or not (rebuilt / "params.yaml").is_file():
             raise UserError(
-                f"verify --rebuilt {rebuilt}: no {DVC_LOCK} and params.yaml there, so it is not a "
+                f"verify --rebuilt {rebuilt}: no {dvc_cli.LOCK} and params.yaml there, so it is not a "
                 "rebuilt project; run `make repro` in a clone of the commit and give its folder."
             )
         verdicts = compare(root, commit, rebuilt, tolerance)

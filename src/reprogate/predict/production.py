@@ -28,12 +28,11 @@ from reprogate.records import pinned
 from reprogate.records.base import load, validated
 from reprogate.records.production import RESTORE_PRODUCTION, ProductionRecord, Promoted
 from reprogate.records.train import Fingerprint
+from reprogate.specs.pipeline import PARTS
 from reprogate.train.folder import Scorer, model_version
 from reprogate.utils import dvc_cli, git, paths
 from reprogate.utils.atomic import replace_dir
 from reprogate.utils.errors import UserError
-
-DVC_LOCK = Path("dvc.lock")
 
 
 @dataclass(frozen=True)
@@ -122,7 +121,7 @@ def pins_of(root: Path, record: Promoted) -> pinned.Pins:
     commit = record.code_commit
     md5: dict[str, str] = {}
     if commit and git.git_dir(root):
-        for lock in (DVC_LOCK, paths.EXPERIMENTS / DVC_LOCK):
+        for lock in (dvc_cli.pipeline_file(part, dvc_cli.LOCK) for part in PARTS):
             try:
                 md5 |= {k: v for k, v in dvc_cli.lock_outputs(git.committed(root, lock, commit)).items() if v}
             except (yaml.YAMLError, AttributeError, TypeError, KeyError):

@@ -21,11 +21,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from reprogate.specs.pipeline import PARTS
 from reprogate.utils import dvc_cli, paths
 from reprogate.utils.errors import UserError
 
 REMOTE = "shipped"
-DVC_LOCK = Path("dvc.lock")
 
 
 def declared(root: Path) -> bool:
@@ -39,7 +39,7 @@ def outputs_under(root: Path, folders: list[str]) -> list[str]:
     outputs of several stages: train writes the weights, calibrate the policy), in the default
     pipeline's lock or the experiments' (an experiment's ensemble has members in both)."""
     outs: dict[str, str | None] = {}
-    for lock in (root / DVC_LOCK, root / paths.EXPERIMENTS / DVC_LOCK):
+    for lock in (root / dvc_cli.pipeline_file(part, dvc_cli.LOCK) for part in PARTS):
         outs |= dvc_cli.lock_outputs(lock.read_text() if lock.is_file() else None)
     prefixes = [f"{paths.model_dir(f).as_posix()}/" for f in folders]
     found = sorted(p for p in outs if any(p.startswith(x) for x in prefixes))

@@ -59,17 +59,14 @@ def read_decision(root: Path, fix: str, part: Part = "default") -> dict[str, Any
     paragraph naming the file, what is wrong with it and `fix`."""
     path = root / paths.gate_files(part)[0]
     if not path.is_file():
-        raise UserError(f"{path} does not exist: run `dvc repro {_dvc_yaml(part)}` (the gate stage) first.")
+        rerun = f"dvc repro {dvc_cli.pipeline_file(part)}"
+        raise UserError(f"{path} does not exist: run `{rerun}` (the gate stage) first.")
     decision, why = parse(path, Decision)
     if decision is not None and decision.passed and decision.chosen not in decision.candidates:
         why = f"gate.json chose {decision.chosen!r}, which is not among its candidates"
     if why:
         raise UserError(f"{path}: {why}; it is not the gate's record as written. {fix}")
     return decision.model_dump(mode="json", exclude_unset=True)
-
-
-def _dvc_yaml(part: Part) -> Path:
-    return paths.DVC_YAML if part == "default" else paths.EXPERIMENTS / paths.DVC_YAML
 
 
 def plan(root: Path, part: Part = "default") -> dict[str, Any]:
@@ -93,7 +90,7 @@ def plan(root: Path, part: Part = "default") -> dict[str, Any]:
         )
     # The gate's evidence is this pipeline's (the experiments' build on the default's): a second
     # pipeline nobody has run is not a reason to refuse the first's candidate.
-    pipelines = [paths.DVC_YAML] if part == "default" else [paths.DVC_YAML, _dvc_yaml(part)]
+    pipelines = [paths.DVC_YAML] if part == "default" else [paths.DVC_YAML, dvc_cli.pipeline_file(part)]
     stale = dvc_cli.status(root, *pipelines)
     if stale:
         raise UserError(

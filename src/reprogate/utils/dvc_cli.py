@@ -15,7 +15,16 @@ from pathlib import Path
 
 import yaml
 
+from reprogate.utils import paths
 from reprogate.utils.errors import UserError
+
+LOCK = Path("dvc.lock")
+
+
+def pipeline_file(part: str, name: Path = paths.DVC_YAML) -> Path:
+    """A pipeline's dvc.yaml (name=LOCK: its dvc.lock), relative to the project: the default
+    pipeline's at the top, the experiments' in experiments/."""
+    return name if part == "default" else paths.EXPERIMENTS / name
 
 
 def executable() -> str:
