@@ -37,7 +37,7 @@ def project(tmp_path_factory) -> Path:
 # another one on the machine (`ray stop` would stop them all).
 HOLD_RAY = (
     "import sys, ray; ray.init(address='local', num_cpus=2, num_gpus=0, include_dashboard=False, "
-    "_node_ip_address='127.0.0.1', _temp_dir=sys.argv[1]); "
+    "_temp_dir=sys.argv[1]); "
     "print(ray.get_runtime_context().gcs_address, flush=True); sys.stdin.read()"
 )
 
@@ -48,12 +48,15 @@ def ray_cluster() -> Iterator[dict[str, str]]:
     (Ray starts a local cluster with token authentication on; a team's cluster has its own)."""
     temp = tempfile.mkdtemp(prefix="rg-ray-")  # short: Ray's socket paths have a length limit
     auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    # Ray takes the machine's network address for 127.0.0.1 and listens on every interface
+    # unless told to make a loopback node (docs/distributed.md).
+    loopback = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD_RAY, temp],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, **auth},
+        env={**os.environ, **auth, **loopback},
     )
     said: list[str] = []
     reader = threading.Thread(target=lambda: said.append(holder.stdout.readline().strip()), daemon=True)

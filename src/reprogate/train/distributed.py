@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from reprogate.train import stores
 from reprogate.utils.errors import UserError
 from reprogate.utils.pause import PIDS_ENV
 
@@ -54,7 +55,7 @@ def launch(root: Path, argv: list[str], processes: int, spec_path: Path, max_res
             max_nodes=1,
             nproc_per_node=processes,
             run_id=uuid.uuid4().hex,
-            rdzv_backend="c10d",
+            rdzv_backend=stores.register_loopback_rendezvous(),  # c10d's, on 127.0.0.1 only
             rdzv_endpoint="127.0.0.1:0",
             local_addr="127.0.0.1",
             max_restarts=max_restarts,
@@ -111,8 +112,15 @@ def init(device: torch.device, agent_is_parent: bool = True) -> None:
     record_pid(int(os.environ.get("RANK", "0")))
     if agent_is_parent:
         _exit_with_parent()
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":  # the agent serves the store
+        dist.init_process_group(backend)
+        return
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = stores.process_group_store(rank, world)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=stores.TIMEOUT)
 
 
 def _exit_with_parent() -> None:

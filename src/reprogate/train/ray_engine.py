@@ -14,11 +14,13 @@ under the elastic agent. On several machines the project folder must be shared b
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import logging
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -66,15 +68,19 @@ def launch(
     spec, spec_path: Path, run_dir: Path, loop: Callable[..., dict[str, Any] | None], args: tuple
 ) -> dict[str, Any]:
     """Run `loop(*args)` on `spec.processes` Ray Train workers and wait; returns rank 0's result."""
-    # Before ray is imported: a Ray started here binds to loopback, never the machine's address.
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    if _address(spec):  # the driver itself: on loopback unless this environment says otherwise
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    else:
+        _own_ray_on_loopback()  # before ray is imported: it reads the variable once
     os.environ.setdefault("RAY_TRAIN_METRICS_ENABLED", "0")  # Prometheus metrics nobody scrapes
     os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")  # or each line is said twice
     # The controller takes the ranks' reports (and sees a dead worker) when it polls them: every
     # 2 s by default, and a report waits for the one before it to be taken.
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchTrainer
+
+    from reprogate.train.ray_store import BoundTorchConfig
 
     folder = run_dir.resolve() / "ray"
     # Each launch is a Ray Train run of its own; what it resumes from is the run's checkpoints.
@@ -87,7 +93,7 @@ def launch(
     trainer = TorchTrainer(
         _worker,
         train_loop_config={"loop": loop, "args": args, "folder": str(folder)},
-        torch_config=TorchConfig(backend="nccl" if gpu else "gloo"),
+        torch_config=BoundTorchConfig(backend="nccl" if gpu else "gloo"),
         scaling_config=ScalingConfig(num_workers=spec.processes, use_gpu=gpu),
         run_config=RunConfig(
             name="train",
@@ -157,7 +163,7 @@ def _uses_gpu(spec) -> bool:
 def _session(spec, spec_path: Path, folder: Path, gpu: bool) -> Iterator[None]:
     import ray
 
-    address = spec.ray.address or os.environ.get("RAY_ADDRESS")
+    address = _address(spec)
     quiet = _quiet()
     if address:
         _wait_for(address, spec.ray.connect_timeout_s, spec_path)
@@ -193,9 +199,37 @@ def _session(spec, spec_path: Path, folder: Path, gpu: bool) -> Iterator[None]:
                 "bound on 127.0.0.1, or give ray.address of a running cluster."
             ) from None
         try:
+            _refuse_beyond_loopback(spec_path)
             yield
         finally:
             ray.shutdown()
+
+
+def _address(spec) -> str | None:
+    return spec.ray.address or os.environ.get("RAY_ADDRESS")
+
+
+def _own_ray_on_loopback() -> None:
+    """A Ray of the run's own serves nobody else: its node address is 127.0.0.1, which every Ray
+    process binds to (Ray would take the machine's network address and listen on all interfaces),
+    and gloo's and NCCL's sockets are on the loopback interface too."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # Ray's switch for a loopback node
+    lo = "lo0" if sys.platform == "darwin" else "lo"
+    os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = lo
+
+
+def _refuse_beyond_loopback(spec_path: Path) -> None:
+    """Ray reads its switch once, when it loads: a process that loaded it earlier would not."""
+    import ray
+
+    node = ray.util.get_node_ip_address()
+    if not ipaddress.ip_address(node).is_loopback:
+        raise UserError(
+            f"{spec_path}: executor ray started a Ray of its own at {node}, not on loopback: Ray "
+            "was loaded in this process before the run set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0. "
+            "Run `reprogate stage train` in a process of its own, or give ray.address of a "
+            "cluster you have bound yourself (docs/distributed.md)."
+        )
 
 
 @contextlib.contextmanager
