@@ -70,8 +70,8 @@ def _train_watching_sockets(root, work, env) -> set[tuple[int, str, str, int]]:
     return seen | {(proc.pid, "driver", "", 0)}
 
 
-@pytest.mark.long  # docs/testing.md: `make test-long`, run by CI
-@pytest.mark.parametrize("executor", ["ray", "torch"])
+# A Ray of its own takes ~45 s to start and stop here: `make test-long` (docs/testing.md), run by CI.
+@pytest.mark.parametrize("executor", [pytest.param("ray", marks=pytest.mark.long), "torch"])
 def test_the_ranks_of_a_run_and_a_ray_of_its_own_listen_on_loopback_only(tmp_path, executor):
     root = make_home_project(tmp_path / "project")
     write_model_spec(root, "ranks", dict(TINY_NGRAM, processes=2, executor=executor))
