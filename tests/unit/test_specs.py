@@ -90,6 +90,28 @@ def test_validate_whole_specs_folder():
     assert f"{n} of {n} spec(s) valid" in proc.stdout
 
 
+# Validating specs answers in a blink; a model spec that counts in steps needs no trainer either.
+LOADS_NO_TORCH = """
+import sys
+from reprogate.cli.main import main
+code = main(["validate", *sys.argv[1:]])
+assert "torch" not in sys.modules, "validate loaded torch"
+sys.exit(code)
+"""
+
+
+def test_validating_data_and_step_counted_model_specs_does_not_load_torch():
+    import subprocess
+    import sys
+
+    specs = ["specs/data/banking77.yaml", "specs/models/minilm_pairs.yaml", str(BAD[0].relative_to(REPO))]
+    proc = subprocess.run(
+        [sys.executable, "-c", LOADS_NO_TORCH, *specs], cwd=REPO, capture_output=True, text=True
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr  # BAD[0] is bad
+    assert "validate: 2 of 3 spec(s) valid" in proc.stdout
+
+
 def test_head_size_comes_from_vocabulary():
     data = load_spec(REPO / "specs/data/banking77.yaml", DataSpec)
     assert len(data.labels) == 77

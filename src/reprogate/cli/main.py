@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import json
 import os
 import sys
 import time
@@ -15,11 +14,11 @@ from reprogate.cli import args as cli_args
 from reprogate.cli import doctor as cli_doctor
 from reprogate.cli import encoders as cli_encoders
 from reprogate.cli import lm as cli_lm
+from reprogate.cli import specs as cli_specs
 from reprogate.pipeline.runner import NAMES
 from reprogate.pipeline.verify import DEFAULT_TOLERANCE
 from reprogate.registry import command as registry
 from reprogate.runtime.device import DEVICES
-from reprogate.specs.catalog import load_any
 from reprogate.specs.loader import find_root
 from reprogate.specs.pipeline import PARTS
 from reprogate.utils import jsonl, queries
@@ -27,45 +26,6 @@ from reprogate.utils.errors import UserError, relative
 
 # Serving is a deployment choice, separate from the device a model was trained on.
 DEVICE_HELP = "where to run the model (default auto: CUDA, else MPS, else CPU), whatever it was trained on"
-
-
-def _validate(args: argparse.Namespace) -> int:
-    from reprogate.specs.catalog import iter_spec_files
-    from reprogate.specs.loader import missing_extra
-    from reprogate.specs.model import ModelSpec
-    from reprogate.train.run import prepared_steps
-
-    files = iter_spec_files([Path(p) for p in args.paths])
-    if not files:
-        raise UserError(f"no .yaml specs found under {' '.join(args.paths)}.")
-    root = find_root(Path.cwd())
-    failed = 0
-    for f in files:
-        try:
-            spec = load_any(f)
-            # An epoch-based run's length depends on the data: checked when it is prepared.
-            steps = prepared_steps(root, spec, f) if isinstance(spec, ModelSpec) else None
-            notes = [f"{steps} steps on the prepared data"] if steps else []
-            notes += [f"runs after `{x}`" for x in [missing_extra(spec, root)] if x]
-            print(f"ok    {f} ({'; '.join([spec.kind, *notes])})")
-        except UserError as e:
-            failed += 1
-            print(f"error {relative(str(e), root)}", file=sys.stderr)
-    print(f"validate: {len(files) - failed} of {len(files)} spec(s) valid")
-    return 1 if failed else 0
-
-
-def _schema(args: argparse.Namespace) -> int:
-    from reprogate.specs.catalog import json_schemas
-
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out}: that is a file; give a folder for the JSON Schema files.")
-    out.mkdir(parents=True, exist_ok=True)
-    for kind, schema in json_schemas().items():
-        (out / f"{kind}.schema.json").write_text(json.dumps(schema, indent=2, sort_keys=True) + "\n")
-    print(f"schema: wrote {len(json_schemas())} JSON Schema files to {out}/")
-    return 0
 
 
 def _compile(args: argparse.Namespace) -> int:
@@ -294,13 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="reprogate", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
-    v = sub.add_parser("validate", help="validate spec files or folders; no training")
-    v.add_argument("paths", nargs="+")
-    v.set_defaults(func=_validate)
-
-    s = sub.add_parser("schema", help="write JSON Schema for every spec kind")
-    s.add_argument("--out", default="specs/schema")
-    s.set_defaults(func=_schema)
+    cli_specs.add_parsers(sub)
 
     c = sub.add_parser("compile", help="specs -> dvc.yaml")
     c.add_argument("--check", action="store_true", help="fail if dvc.yaml is stale")
