@@ -7,6 +7,7 @@ account of its addresses."""
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import subprocess
 import sys
@@ -89,3 +90,37 @@ def test_the_ranks_of_a_run_and_a_ray_of_its_own_listen_on_loopback_only(tmp_pat
         assert any(pid == driver and port for pid, _, _, port in seen), sorted(seen)
     beyond = sorted(s for s in seen if s[3] and not _is_loopback(s[2]))
     assert beyond == [], beyond
+
+
+# Ray loaded before the run could make its node a loopback one: the run is refused, not exposed.
+LOADED_EARLY = """
+import json, sys
+from pathlib import Path
+import ray  # reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1 now, once
+from reprogate.specs.model import ModelSpec
+from reprogate.train import ray_engine
+from reprogate.utils.errors import UserError
+
+spec = ModelSpec.model_validate(json.loads(sys.argv[1]))
+try:
+    ray_engine.launch(spec, Path(sys.argv[2]), Path(sys.argv[3]), print, ())
+except UserError as e:
+    print(e)
+    sys.exit(2)
+"""
+
+
+@pytest.mark.long  # docs/testing.md: `make test-long`, run by CI
+def test_a_ray_that_would_not_be_on_loopback_is_refused_before_any_rank_starts(tmp_path):
+    spec = dict(TINY_NGRAM, processes=2, executor="ray")
+    args = [json.dumps(spec), str(tmp_path / "m.yaml"), str(tmp_path / "run")]
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
+    env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "1"
+    proc = subprocess.run(
+        [sys.executable, "-c", LOADED_EARLY, *args], env=env, capture_output=True, text=True, timeout=300
+    )
+    said = proc.stdout.strip().splitlines()
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert said[-1].startswith(f"{tmp_path / 'm.yaml'}: executor ray started a Ray of its own at ")
+    assert "not on loopback" in said[-1] and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run" / "ray" / "attempts" / "rank0").exists()  # no rank ever ran
