@@ -194,3 +194,49 @@ def test_sigterm_during_the_rebuild_removes_the_worktree(repo):
     assert proc.returncode != 0 and not folder.exists()
     assert "Traceback" not in proc.stderr.read()
     assert str(folder) not in git_cmd(repo, "worktree", "list")
+
+
+def _experiments(root: Path, gate: dict, weights: bytes) -> None:
+    """An experiments pipeline beside the default one: its own outputs, lock and gate."""
+    for d in ("models/x", "results/experiments", "experiments"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    (root / "models" / "x" / "model.safetensors").write_bytes(weights)
+    (root / "results" / "experiments" / "gate.json").write_text(json.dumps(gate))
+    outs = [{"path": p, "md5": output_md5(root / p)} for p in ("models/x", "results/experiments/gate.json")]
+    lock = yaml.safe_dump({"schema": "2.0", "stages": {"s": {"cmd": "x", "outs": outs}}})
+    (root / "experiments" / "dvc.lock").write_text(lock)
+
+
+def test_the_experiments_pipeline_is_verified_against_its_own_lock_and_gate(repo, tmp_path):
+    _experiments(repo, _gate(), b"x weights")
+    git_cmd(repo, "add", "-A")
+    git_cmd(repo, "commit", "-qm", "experiments")
+    d = _rebuilt(tmp_path)
+    with pytest.raises(UserError, match=r"no experiments/dvc.lock .* run `make repro-experiments`"):
+        verify(repo, "HEAD", d, 1e-6, "experiments")
+    _experiments(d, _gate("pass", chosen="m"), b"other x weights")
+    status, said = verify(repo, "HEAD", d, 1e-6, "experiments")
+    assert "different         models/x" in said and "metrics/eval.json" not in said  # its outputs only
+    assert status == DECISIONS_CHANGED and "of 2 outputs" in said
+    assert "decisions: gate verdicts and chosen candidate CHANGED" in said and "chosen: None -> m" in said
+    # The default pipeline's verdicts are its own: its outputs and its gate held.
+    assert verify(repo, "HEAD", d, 1e-6)[0] == 0
+
+
+def test_verify_rebuilds_the_experiments_with_what_they_read_of_the_default_pipeline(repo):
+    """A real rebuild from nothing: experiments/dvc.yaml's stage reads an output of the default
+    pipeline, which the worktree has not got either, so DVC rebuilds that one first."""
+    shutil.copy(REPO / "pyproject.toml", repo / "pyproject.toml")
+    (repo / "dvc.yaml").write_text("stages:\n  base:\n    cmd: echo base > base.txt\n    outs: [base.txt]\n")
+    (repo / "experiments").mkdir()
+    x = {"wdir": "..", "cmd": "cat base.txt base.txt > x.txt", "deps": ["base.txt"], "outs": ["x.txt"]}
+    (repo / "experiments" / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"x": x}}))
+    dvc = str(Path(sys.executable).with_name("dvc"))
+    subprocess.run([dvc, "init", "-q"], cwd=repo, check=True)
+    subprocess.run([dvc, "repro", "-q", "experiments/dvc.yaml"], cwd=repo, check=True)
+    git_cmd(repo, "add", "-A")
+    git_cmd(repo, "commit", "-qm", "an experiment, run")
+    status, said = verify(repo, "HEAD", None, 1e-6, "experiments")
+    assert "bitwise           x.txt" in said and "base.txt" not in said, said
+    assert status == 0 and "1 bitwise, 0 within tolerance, 0 different, 0 missing of 1 outputs" in said
+    assert "not checked: the commit has no results/experiments/gate.json" in said

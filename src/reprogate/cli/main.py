@@ -182,7 +182,8 @@ def _serve(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from reprogate.pipeline.verify import verify
 
-    status, said = verify(_project(), args.rev, Path(args.rebuilt) if args.rebuilt else None, args.tolerance)
+    rebuilt = Path(args.rebuilt) if args.rebuilt else None
+    status, said = verify(_project(), args.rev, rebuilt, args.tolerance, args.pipeline)
     print(said)
     return status
 
@@ -247,6 +248,7 @@ def _add_verify(sub) -> None:
         default=DEFAULT_TOLERANCE,
         help="largest difference of a JSON number called equal",
     )
+    ve.add_argument("--pipeline", choices=PARTS, default="default", help="whose dvc.lock and gate")
     ve.set_defaults(func=_verify)
 
 

@@ -15,8 +15,6 @@ from pathlib import Path
 from reprogate.records.evaluation import PredictionLine
 from reprogate.records.gate import Decision
 
-GATE = "results/gate.json"
-
 
 @dataclass
 class Held:
@@ -46,15 +44,17 @@ def _verdicts(raw: bytes | str) -> dict[str, str]:
     return out
 
 
-def gate(committed: bytes | None, rebuilt: Path) -> Held:
+def gate(path: Path, committed: bytes | None, rebuilt: Path) -> Held:
+    """The gate's record at `path` (a pipeline's results/…/gate.json), the commit's and the
+    rebuild's."""
     held = Held("gate verdicts and chosen candidate")
     if committed is None:
-        held.unchecked = f"the commit has no {GATE}"
+        held.unchecked = f"the commit has no {path}"
         return held
-    if not (rebuilt / GATE).is_file():
-        held.unchecked = f"the rebuild has no {GATE}"
+    if not (rebuilt / path).is_file():
+        held.unchecked = f"the rebuild has no {path}"
         return held
-    a, b = _verdicts(committed), _verdicts((rebuilt / GATE).read_bytes())
+    a, b = _verdicts(committed), _verdicts((rebuilt / path).read_bytes())
     held.compared = len(a.keys() | b.keys())
     keys = sorted(a.keys() | b.keys())
     held.changed = [f"{k}: {a.get(k)} -> {b.get(k)}" for k in keys if a.get(k) != b.get(k)]

@@ -37,7 +37,7 @@ import yaml
 from reprogate.pipeline import decisions
 from reprogate.runtime import numerics
 from reprogate.specs.roots import mirror_dirs
-from reprogate.utils import dvc_cli, git
+from reprogate.utils import dvc_cli, git, paths
 from reprogate.utils.errors import UserError
 
 EXIT = {"bitwise": 0, "within tolerance": 1, "different": 3, "missing": 3}
@@ -89,26 +89,28 @@ def compare_file(path: str, committed: bytes | None, rebuilt: Path, tolerance: f
     return Verdict(path, kind, f"max difference {moved:.3g} in {field} (tolerance {tolerance:g})")
 
 
-def committed_outputs(root: Path, rev: str) -> dict[str, str | None]:
-    """The outputs of `rev`'s dvc.lock with their md5s, or a paragraph when it is unreadable."""
+def committed_outputs(root: Path, rev: str, part: str = "default") -> dict[str, str | None]:
+    """The outputs of `rev`'s dvc.lock (of pipeline `part`) with their md5s, or a paragraph when
+    it is unreadable."""
+    lock = dvc_cli.pipeline_file(part, dvc_cli.LOCK)
     try:
-        want = dvc_cli.lock_outputs(git.committed(root, dvc_cli.LOCK, rev))
+        want = dvc_cli.lock_outputs(git.committed(root, lock, rev))
     except (yaml.YAMLError, AttributeError, TypeError, KeyError) as e:
         raise UserError(
-            f"{rev}: {dvc_cli.LOCK} at that commit is not a dvc.lock DVC wrote ({type(e).__name__}); "
+            f"{rev}: {lock} at that commit is not a dvc.lock DVC wrote ({type(e).__name__}); "
             "verify a commit whose dvc.lock `dvc repro` wrote."
         ) from None
     if not want:
-        raise UserError(f"{rev}: no {dvc_cli.LOCK} with outputs at that commit; nothing to verify.")
+        raise UserError(f"{rev}: no {lock} with outputs at that commit; nothing to verify.")
     return want
 
 
-def compare(root: Path, rev: str, rebuilt: Path, tolerance: float) -> list[Verdict]:
+def compare(root: Path, rev: str, rebuilt: Path, tolerance: float, part: str = "default") -> list[Verdict]:
     """`rebuilt` (a project folder after `dvc repro`) against commit `rev` of the project at `root`:
     every output hashed from its own bytes, never read from the rebuild's dvc.lock (which anyone
     can copy)."""
     out = []
-    for path, md5 in sorted(committed_outputs(root, rev).items()):
+    for path, md5 in sorted(committed_outputs(root, rev, part).items()):
         got = dvc_cli.output_md5(rebuilt / path)
         if got is None:
             out.append(Verdict(path, "missing", "not in the rebuilt folder"))
@@ -139,9 +141,9 @@ def launcher(tree: Path, into: Path) -> Path:
     return bin_dir
 
 
-def rebuild(root: Path, rev: str, into: Path) -> Path:
-    """Check `rev` out in a worktree under `into` and `dvc repro` it from nothing; the project
-    folder of the rebuild."""
+def rebuild(root: Path, rev: str, into: Path, part: str = "default") -> Path:
+    """Check `rev` out in a worktree under `into` and `dvc repro` pipeline `part` from nothing
+    (with what it reads of the other); the project folder of the rebuild."""
     tree = into / "tree"
     git.run(root, "worktree", "add", "--detach", str(tree), rev)
     project = tree / git.prefix(root)
@@ -158,8 +160,9 @@ def rebuild(root: Path, rev: str, into: Path) -> Path:
     }
     # Its own cache (the worktree's .dvc/cache is new) and no run-cache: computed, not restored.
     print(f"verify: rebuilding {rev} in {project} (dvc repro, from nothing)", file=sys.stderr, flush=True)
+    target = str(dvc_cli.pipeline_file(part))
     proc = subprocess.run(
-        [dvc_cli.executable(), "repro", "--no-run-cache"], cwd=project, env=env, stdout=sys.stderr
+        [dvc_cli.executable(), "repro", "--no-run-cache", target], cwd=project, env=env, stdout=sys.stderr
     )
     if proc.returncode != 0:
         raise UserError(
@@ -206,25 +209,31 @@ def _stop_cleanly(signum, frame) -> None:
     raise SystemExit(128 + signum)  # runs the finally blocks, which remove the worktree
 
 
-def _decisions(root: Path, commit: str, rebuilt: Path) -> list[decisions.Held]:
-    held = [decisions.gate(git.committed(root, Path(decisions.GATE), commit), rebuilt)]
-    folders = [p for p in committed_outputs(root, commit) if p.startswith("predictions/")]
+def _decisions(root: Path, commit: str, rebuilt: Path, part: str) -> list[decisions.Held]:
+    gate = paths.gate_files(part)[0]
+    held = [decisions.gate(gate, git.committed(root, gate, commit), rebuilt)]
+    folders = [p for p in committed_outputs(root, commit, part) if p.startswith("predictions/")]
     return held + ([decisions.predictions(root, commit, folders, rebuilt)] if folders else [])
 
 
-def verify(root: Path, rev: str, rebuilt: Path | None, tolerance: float) -> tuple[int, str]:
-    """(exit status, report) for commit `rev`: per output, and whether the decisions held."""
+def verify(
+    root: Path, rev: str, rebuilt: Path | None, tolerance: float, part: str = "default"
+) -> tuple[int, str]:
+    """(exit status, report) for commit `rev`'s pipeline `part` (default, or experiments): per
+    output of its dvc.lock, and whether the decisions held (its gate's, its predictions)."""
     commit = git.run(root, "rev-parse", "--verify", f"{rev}^{{commit}}", check=False)
     if not commit:
         raise UserError(f"verify: '{rev}' is not a commit of {root}; give a commit, branch or tag.")
     if rebuilt is not None:
-        if not (rebuilt / dvc_cli.LOCK).is_file() or not (rebuilt / "params.yaml").is_file():
+        lock = dvc_cli.pipeline_file(part, dvc_cli.LOCK)
+        if not (rebuilt / lock).is_file() or not (rebuilt / "params.yaml").is_file():
+            make = "make repro" if part == "default" else f"make repro-{part}"
             raise UserError(
-                f"verify --rebuilt {rebuilt}: no {dvc_cli.LOCK} and params.yaml there, so it is not a "
-                "rebuilt project; run `make repro` in a clone of the commit and give its folder."
+                f"verify --rebuilt {rebuilt}: no {lock} and params.yaml there, so it is not a "
+                f"rebuilt project; run `{make}` in a clone of the commit and give its folder."
             )
-        verdicts = compare(root, commit, rebuilt, tolerance)
-        held = _decisions(root, commit, rebuilt)
+        verdicts = compare(root, commit, rebuilt, tolerance, part)
+        held = _decisions(root, commit, rebuilt, part)
     else:
         for line in clean_leftovers(root):
             print(line, file=sys.stderr)
@@ -232,9 +241,9 @@ def verify(root: Path, rev: str, rebuilt: Path | None, tolerance: float) -> tupl
         with tempfile.TemporaryDirectory(prefix=WORKSPACE) as tmp:
             (Path(tmp) / OWNER).write_text(str(os.getpid()))
             try:
-                project = rebuild(root, commit, Path(tmp))
-                verdicts = compare(root, commit, project, tolerance)
-                held = _decisions(root, commit, project)
+                project = rebuild(root, commit, Path(tmp), part)
+                verdicts = compare(root, commit, project, tolerance, part)
+                held = _decisions(root, commit, project, part)
             finally:
                 remove_worktree(root, Path(tmp) / "tree")
     lines = [f"{v.verdict:<17} {v.path}" + (f"  ({v.detail})" if v.detail else "") for v in verdicts]
