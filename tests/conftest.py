@@ -16,7 +16,7 @@ numerics.pin(REPO)
 
 import pytest  # noqa: E402
 
-from reprogate.utils import paths  # noqa: E402
+from reprogate.utils import dvc_cli, paths  # noqa: E402
 
 SHARED = REPO.parent / "shared" / "datasets"
 BIN = Path(sys.executable).parent
@@ -244,6 +244,12 @@ def build_home_pipeline(dest: Path) -> Path:
         yaml.safe_dump(dict(params, data="specs/data/home.yaml", models=["tiny", "tiny2", "duo"]))
     )
     without_experiments(root)
+    # BANKING77's results (metrics, plots, the gate's record) are not this data's: its own
+    # pipeline writes what it has (stages run from the project root, wdir .. in experiments/).
+    for lock in (dvc_cli.LOCK, paths.EXPERIMENTS / dvc_cli.LOCK):
+        for out in dvc_cli.lock_outputs((REPO / lock).read_text()):
+            target = root / out
+            shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
     # This copy starts with nothing in production, whatever this repository has promoted.
     (root / "models/production.json").write_text('{"model": null}\n')
     # This project's own lock: DVC keeps entries of stages a dvc.yaml no longer declares, and
