@@ -293,6 +293,13 @@ def test_an_experiments_candidate_is_promoted_from_its_own_gate_and_ships(home_p
     _git(root, "commit", "-qm", "the experiment, run")
     chosen = json.loads((root / "results/experiments/gate.json").read_text())["chosen"]
     assert chosen == "strong"
+    # The pull-request report of the experiments: their gate and both pipelines' stages.
+    said = run_cli("report", "--base", "HEAD~1", "--head", "HEAD", "--pipeline", "experiments", "--out",
+                   str(tmp_path / "report"), cwd=root, check=True).stdout  # fmt: skip
+    assert "chosen strong (base: no gate record)" in said
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert "experiments/dvc.yaml:train@strong" in report["stages"]["added"]
+    assert "## Gate of the experiments" in (tmp_path / "report" / "report.md").read_text()
     run_cli("promote", "--pipeline", "experiments", cwd=root, env=IDENTITY, check=True)
     prod = json.loads((root / "models/production.json").read_text())
     assert prod["model"] == "strong" and "models/strong/model.safetensors" in prod["artifacts"]

@@ -66,7 +66,7 @@ def _report(args: argparse.Namespace) -> int:
     from reprogate.report.build import write
 
     rebuilt = Path(args.base_rebuilt) if args.base_rebuilt else None
-    print(write(_project(), args.base, args.head, Path(args.out), base_rebuilt=rebuilt))
+    print(write(_project(), args.base, args.head, Path(args.out), base_rebuilt=rebuilt, part=args.pipeline))
     return 0
 
 
@@ -199,6 +199,7 @@ def _add_report(sub) -> None:
         help="a rebuild of the base (its project folder after `make repro`): the report says whether it "
         "reproduced the base commit, per output, as `reprogate verify` does",
     )
+    rp.add_argument("--pipeline", choices=PARTS, default="default", help="whose gate (experiments/ has one)")
     rp.set_defaults(func=_report)
 
 

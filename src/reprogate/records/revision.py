@@ -37,6 +37,7 @@ class Revision:
     root: Path
     rev: str | None  # None: the working tree
     who: str = "report"  # the command reading it, which its messages name
+    part: str = "default"  # whose gate (paths.gate_files); experiments' lock entries are read too
     missing: list[str] = field(default_factory=list)  # what could not be read, said in the report
 
     @cached_property
@@ -116,7 +117,7 @@ class Revision:
 
     @cached_property
     def gate(self) -> Decision | None:
-        return self.record(Decision, paths.GATE_DECISION, paths.GATE_METRICS)
+        return self.record(Decision, *paths.gate_files(self.part))
 
     def evaluation(self, model: str) -> Evaluation | None:
         name = "eval.json"
@@ -163,8 +164,17 @@ class Revision:
 
     @cached_property
     def lock(self) -> dict[str, Any]:
-        """Stage -> its dvc.lock entry (deps, params, outs with their hashes)."""
-        raw = self.text(paths.DVC_YAML.with_suffix(".lock"))
+        """Stage -> its dvc.lock entry (deps, params, outs with their hashes); for the
+        experiments, their own lock's too, named as DVC names them (experiments/dvc.yaml:stage)."""
+        lock = paths.DVC_YAML.with_suffix(".lock")
+        stages = self._stages(lock)
+        if self.part != "default":
+            yaml_file = (paths.EXPERIMENTS / paths.DVC_YAML).as_posix()
+            stages |= {f"{yaml_file}:{k}": v for k, v in self._stages(paths.EXPERIMENTS / lock).items()}
+        return stages
+
+    def _stages(self, lock: Path) -> dict[str, Any]:
+        raw = self.text(lock)
         # libyaml's loader when PyYAML has it: a lock file is read per commit of a registry sync.
         loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
         return (yaml.load(raw, Loader=loader) or {}).get("stages", {}) if raw else {}

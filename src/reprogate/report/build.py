@@ -186,13 +186,16 @@ def _environment(base: Revision, head: Revision, model: str | None) -> dict[str,
     return out
 
 
-def build(root: Path, base_rev: str, head_rev: str | None = None) -> dict[str, Any]:
-    base, head = Revision(root, base_rev), Revision(root, head_rev)
+def build(root: Path, base_rev: str, head_rev: str | None = None, part: str = "default") -> dict[str, Any]:
+    """The report of pipeline `part`'s gate: the default's four candidates, or the experiments'
+    gate over every candidate of both pipelines (and both pipelines' stages)."""
+    base, head = Revision(root, base_rev, part=part), Revision(root, head_rev, part=part)
     models = _models(base, head)
     intents = _intents(base, head, models)
     return {
         "base": {"label": base.label, "commit": base.commit},
         "head": {"label": head.label, "commit": head.commit},
+        "pipeline": part,
         "gate": _gate(base, head),
         "metrics": _metrics(base, head, models),
         "paired": _paired(base, head, models),
@@ -243,13 +246,18 @@ def refuse_unsafe_out(out: Path) -> None:
 
 
 def write(
-    root: Path, base_rev: str, head_rev: str | None, out: Path, base_rebuilt: Path | None = None
+    root: Path,
+    base_rev: str,
+    head_rev: str | None,
+    out: Path,
+    base_rebuilt: Path | None = None,
+    part: str = "default",
 ) -> str:
     from reprogate.report import plots as report_plots
     from reprogate.report.markdown import render
 
     refuse_unsafe_out(out)
-    report = build(root, base_rev, head_rev)
+    report = build(root, base_rev, head_rev, part)
     report["reproduced"] = reproduced(root, report["base"]["commit"], base_rebuilt) if base_rebuilt else None
     theirs, missing = report_plots.dvc_plots(root, base_rev, head_rev, report["intents"]["model"])
     report["missing"] += [missing] if missing else []

@@ -51,13 +51,18 @@ def _split(head: list[str], changed: list[list[str]], same: list[list[str]], wha
     return lines
 
 
-def _gate(g: dict[str, Any]) -> list[str]:
+def _gate(g: dict[str, Any], pipeline: str) -> list[str]:
     def side(s: dict | None) -> str:
         if not s:
             return "no gate record"
         return f"**{escape(s['chosen'])}** chosen" if s["passed"] else "no candidate passed"
 
-    lines = ["## Gate", "", f"- head: {side(g['head'])}", f"- base: {side(g['base'])}", ""]
+    title = (
+        "## Gate"
+        if pipeline == "default"
+        else f"## Gate of the {pipeline} (all candidates of both pipelines)"
+    )
+    lines = [title, "", f"- head: {side(g['head'])}", f"- base: {side(g['base'])}", ""]
     changed, same = [], []
     for r in g["rules"]:
         b, h = r.get("base") or {}, r.get("head") or {}
@@ -168,7 +173,7 @@ def render(r: dict[str, Any], images: dict[str, str]) -> str:
     head, base = escape(r["head"]["label"]), escape(r["base"]["label"])
     lines = [MARKER, f"# reprogate report: {head} vs base {base}", ""]
     sections = [
-        _gate(r["gate"]),
+        _gate(r["gate"], r.get("pipeline", "default")),
         _metrics(r["metrics"], r["paired"]),
         _paired(r["paired"]),
         _intents(r["intents"]),
