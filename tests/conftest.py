@@ -147,6 +147,14 @@ def without_experiments(root: Path) -> None:
         (root / f).unlink(missing_ok=True)
 
 
+def start_train(root: Path, work: Path, env: dict[str, str], name: str, **streams) -> subprocess.Popen:
+    """`reprogate stage train NAME` in a process of its own, in `env` (a whole environment), its
+    output piped (stderr apart unless `stderr=subprocess.STDOUT` is given)."""
+    cmd = [sys.executable, "-m", "reprogate", "stage", "train", name, "--work-dir", str(work), "--skip-plan"]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE} | streams
+    return subprocess.Popen(cmd, cwd=root, env=env, text=True, **pipes)
+
+
 def write_model_spec(root: Path, name: str, spec: dict) -> Path:
     import yaml
 

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from reprogate.train import resume_check
-from tests.conftest import TINY_NGRAM, make_home_project, write_model_spec
+from tests.conftest import TINY_NGRAM, make_home_project, start_train, write_model_spec
 
 
 @pytest.fixture(scope="module")
@@ -75,28 +75,11 @@ def ray_cluster() -> Iterator[dict[str, str]]:
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def _train(root: Path, work: Path, env: dict[str, str], name: str = "ranks") -> subprocess.Popen:
-    cmd = [
-        sys.executable,
-        "-m",
-        "reprogate",
-        "stage",
-        "train",
-        name,
-        "--work-dir",
-        str(work),
-        "--skip-plan",
-    ]
-    return subprocess.Popen(
-        cmd, cwd=root, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-
-
 @pytest.fixture(scope="module")
 def reference(project, tmp_path_factory) -> Path:
     """An uninterrupted run of the same spec in 2 ranks."""
     work = tmp_path_factory.mktemp("reference") / "work"
-    proc = _train(project, work, {})
+    proc = start_train(project, work, dict(os.environ), "ranks")
     assert proc.wait(timeout=300) == 0, proc.stderr.read()
     return work
 
