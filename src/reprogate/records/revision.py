@@ -28,7 +28,7 @@ from reprogate.records.gate import Decision
 from reprogate.records.lm import LmEvaluation
 from reprogate.records.resume import ResumeRecord
 from reprogate.records.train import Fingerprint
-from reprogate.utils import git, paths
+from reprogate.utils import dvc_cli, git, paths
 from reprogate.utils.errors import UserError
 
 
@@ -166,11 +166,13 @@ class Revision:
     def lock(self) -> dict[str, Any]:
         """Stage -> its dvc.lock entry (deps, params, outs with their hashes); for the
         experiments, their own lock's too, named as DVC names them (experiments/dvc.yaml:stage)."""
-        lock = paths.DVC_YAML.with_suffix(".lock")
-        stages = self._stages(lock)
+        stages = self._stages(dvc_cli.LOCK)
         if self.part != "default":
-            yaml_file = (paths.EXPERIMENTS / paths.DVC_YAML).as_posix()
-            stages |= {f"{yaml_file}:{k}": v for k, v in self._stages(paths.EXPERIMENTS / lock).items()}
+            named = dvc_cli.pipeline_file(self.part).as_posix()
+            stages |= {
+                f"{named}:{k}": v
+                for k, v in self._stages(dvc_cli.pipeline_file(self.part, dvc_cli.LOCK)).items()
+            }
         return stages
 
     def _stages(self, lock: Path) -> dict[str, Any]:
