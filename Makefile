@@ -15,7 +15,7 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: venv repro repro-experiments stage-times repro-lm remote test test-long test-unit test-home-assistant bench-home-assistant lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy bench-registry bench-engines bench-lm bench-flake bench-serve bench-encoders clean
+.PHONY: qemu test-cross-vendor venv repro repro-experiments stage-times repro-lm remote test test-long test-unit test-home-assistant bench-home-assistant lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy bench-registry bench-engines bench-lm bench-flake bench-serve bench-encoders clean
 
 # Rebuilt whenever the lock or the project metadata changes. uv installs the lock (the same pins
 # pip would, in seconds instead of minutes); it reads pip's find-links (where this machine keeps
@@ -110,8 +110,21 @@ test: venv
 # The long tests (pytest marker `long`, docs/testing.md): whole-pipeline reproductions in fresh
 # clones, a promote killed at every step, servers under hostile load, the larger encoders' and
 # Ray's resume properties. CI (.ci/run) runs them after `make test`.
-test-long: venv
+test-long: venv qemu
 	python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m long tests/integration
+
+# QEMU's user-mode emulator (Debian's qemu-user): the emulated Intel and AMD CPUs that
+# `reprogate doctor --emulate` and the long tier's emulation test compute on.
+qemu:
+	@command -v qemu-x86_64 >/dev/null || { \
+		sudo=""; [ "$$(id -u)" = 0 ] || sudo="sudo"; \
+		echo "make qemu: installing Debian's qemu-user ($$sudo apt-get install qemu-user)"; \
+		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends qemu-user >/dev/null; }
+
+# The probe natively, as an emulated Intel (Haswell) and as an emulated AMD (EPYC-Milan): every
+# op must be equal in all three (docs/reproducibility.md). About 8 minutes here.
+test-cross-vendor: venv qemu
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 reprogate doctor --emulate
 
 # The edit loop: lint and the unit tests (specs, layers, rules, units of every package; each test
 # in process or one short command), under 3 minutes. `make test` runs these and the integration

@@ -12,6 +12,7 @@ covers the fingerprint check that compares a real one with the committed referen
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,14 @@ import yaml
 from reprogate.runtime import numerics
 from reprogate.specs.params import Numerics
 from reprogate.utils.errors import UserError
-from tests.conftest import OLDER_CPU, TINY_NGRAM, as_another_machine, make_home_project, write_model_spec
+from tests.conftest import (
+    OLDER_CPU,
+    REPO,
+    TINY_NGRAM,
+    as_another_machine,
+    make_home_project,
+    write_model_spec,
+)
 
 STAGES = ("features", "train", "calibrate", "evaluate")
 
@@ -99,13 +107,39 @@ def test_the_portable_pin_removes_an_instruction_cap_and_refuses_one_set_later(t
 
 
 def test_a_cpu_without_the_level_is_refused(monkeypatch):
-    monkeypatch.setattr(numerics, "cpu_flags", lambda: {"sse4_2", "popcnt", "ssse3", "avx"})
+    older = numerics.Cpu("GenuineIntel", "an older CPU", frozenset({"sse4_2", "popcnt", "ssse3", "avx"}))
+    monkeypatch.setattr(numerics, "cpu", lambda: older)
     with pytest.raises(UserError) as e:
         numerics.refuse_unless_honoured(Numerics(cpu_level="x86-64-v3"), "params.yaml")
     said = str(e.value)
     assert "numerics.cpu_level" in said and "x86-64-v3" in said and "lacks avx2" in said
     assert "native" in said  # the way out is named
     numerics.refuse_unless_honoured(Numerics(cpu_level="native"), "params.yaml")
+
+
+@pytest.mark.parametrize("variable", numerics.UNSET_ALWAYS)
+def test_a_caller_variable_that_bends_the_pin_is_removed_or_refused(monkeypatch, variable, tmp_path):
+    # MKL's vendor override and thread counts other than the spec's: the pin removes them, and a
+    # process that has one anyway (set after the pin) is refused, naming it.
+    root = REPO
+    monkeypatch.setenv(variable, "1")
+    numerics.pin(root)
+    assert variable not in os.environ
+    monkeypatch.setenv(variable, "1")
+    with pytest.raises(UserError) as e:
+        numerics.check(root)
+    assert variable in str(e.value)
+
+
+def test_onednn_is_capped_under_both_its_names():
+    env = numerics.variables(Numerics(cpu_level="x86-64-v3"))
+    assert env["ONEDNN_MAX_CPU_ISA"] == env["DNNL_MAX_CPU_ISA"] == "AVX2"
+
+
+def test_the_vendor_is_cpuids_not_proc_cpuinfos():
+    # Under QEMU /proc/cpuinfo still names the host; CPUID names the CPU the code computes on.
+    cpu = numerics.cpu()
+    assert cpu.vendor in ("GenuineIntel", "AuthenticAMD") and "avx2" in cpu.flags
 
 
 def test_another_architecture_is_refused(monkeypatch):

@@ -1,14 +1,17 @@
-"""dvc.yaml's code dependencies: every module a stage runs is one of its deps, so a change to
-it reruns the stage (and nothing else's change does)."""
+"""dvc.yaml's code dependencies: every stage depends on code/<stage>.json, and every module the
+stage runs is in that identity, so a real change to it reruns the stage (and nothing else's
+change does). The closure here is computed independently of utils/imports.py."""
 
 from __future__ import annotations
 
 import ast
+import json
 from pathlib import Path
 
 import pytest
 import yaml
 
+from reprogate.records import code
 from tests.conftest import REPO
 
 PKG = REPO / "src" / "reprogate"
@@ -81,16 +84,37 @@ def _stage_instances() -> list:
     return out
 
 
+def _identity_files(name: str) -> set[str]:
+    """The source files code/<name>.json covers, as paths from the repository."""
+    modules = json.loads((REPO / "code" / f"{name}.json").read_text())["modules"]
+    out = set()
+    for m in modules:
+        f = _module_file(m.split(".")[1:])
+        out.add(str(f.relative_to(REPO)))
+    return out
+
+
 @pytest.mark.parametrize("stage,cmd,item,deps", _stage_instances())
-def test_every_module_a_stage_runs_is_a_dependency(stage, cmd, item, deps):
+def test_every_module_a_stage_runs_is_in_its_code_identity(stage, cmd, item, deps):
     name = cmd.split()[2]  # reprogate stage NAME [model]
+    if name == "code":
+        assert not deps, "stage code runs every time; it depends on nothing"
+        return
     start = _with_packages(STAGES / f"{name}.py")
     if item and item.get("family") and item["family"] != "export":  # models.FAMILIES picks by family
         start.add(PKG / "models" / f"{item['family']}.py")
     needed = {str(f.relative_to(REPO)) for f in _closure(start)} - {"src/reprogate/__init__.py"}
-    missing = sorted(needed - set(deps))
-    assert not missing, f"{stage} runs {missing} but dvc.yaml does not list them: see compile.py"
+    missing = sorted(needed - _identity_files(name))
+    assert not missing, f"{stage} runs {missing} but code/{name}.json does not cover them"
+    assert f"code/{name}.json" in deps, f"{stage} would not rerun when its code's meaning changes"
     assert "requirements.lock" in deps, f"{stage} would not rerun when a locked package changes"
+
+
+@pytest.mark.parametrize("root", [REPO, REPO / "lm"], ids=["default", "lm"])
+def test_committed_code_identities_are_current(root):
+    # What DVC compares must say what the committed code means: run `reprogate stage code`
+    # (or dvc repro) after a change, and commit code/.
+    assert code.stale(root) == [], "run `reprogate stage code` (in lm/ too) and commit code/"
 
 
 # What a gate rule touches: its threshold (the gate spec), the rule itself, and the records the
@@ -110,11 +134,13 @@ TRAINING_SIDE = {"prepare", "augment", "features", "train", "combine", "export",
 @pytest.mark.parametrize("stage,cmd,item,deps", _stage_instances())
 def test_no_training_side_stage_depends_on_the_gate(stage, cmd, item, deps):
     if cmd.split()[2] in TRAINING_SIDE:
-        assert not JUDGING & set(deps), f"{stage} reruns when the gate changes: {sorted(JUDGING & set(deps))}"
+        runs = _identity_files(cmd.split()[2])
+        assert not JUDGING & runs, f"{stage} reruns when the gate changes: {sorted(JUDGING & runs)}"
 
 
 def _dependents(module: str) -> set[str]:
-    return {p.values[0].split("@")[0] for p in _stage_instances() if module in p.values[3]}
+    stages = {p.values[1].split()[2] for p in _stage_instances()} - {"code"}
+    return {s for s in stages if module in _identity_files(s)}
 
 
 def test_a_threshold_edit_reruns_only_the_stages_that_judge():

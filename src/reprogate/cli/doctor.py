@@ -10,12 +10,14 @@ from reprogate.utils.errors import UserError
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from reprogate.pipeline.doctor import run
+    from reprogate.pipeline import doctor
 
     root = find_root(Path.cwd())
     if not (root / "params.yaml").is_file():
         raise UserError(f"{root}: no params.yaml here or above: run `reprogate doctor` inside a project.")
-    return run(root, write_reference=args.write, ci=args.ci)
+    if args.fingerprint_json:
+        return doctor.measure_to(root, args.fingerprint_json)
+    return doctor.run(root, write_reference=args.write, ci=args.ci, emulate=args.emulate)
 
 
 def add_parser(sub) -> None:
@@ -28,4 +30,11 @@ def add_parser(sub) -> None:
         action="store_true",
         help="fail on a difference only once two CPU vendors' fingerprints agree (CI's check)",
     )
+    d.add_argument(
+        "--emulate",
+        action="store_true",
+        help="also run the probe as an emulated Intel and an emulated AMD CPU (QEMU, `make qemu`; "
+        "minutes) and require every op equal in all three; with --write, record all three",
+    )
+    d.add_argument("--fingerprint-json", type=Path, help=argparse.SUPPRESS)
     d.set_defaults(func=_doctor)

@@ -1,8 +1,9 @@
 """`reprogate compile`: params.yaml + specs/ -> dvc.yaml (generated, committed, checked in CI).
 
 Every stage in the registry (stages/__init__.py) says what DVC needs of it (its `dvc()`); this
-adds the command and the code it runs: the source files of every module its import graph
-reaches, so a change to a module reruns exactly the stages that run it. The spec files are DVC
+adds the command and the code it runs: code/<stage>.json, the meaning of every module its import
+graph reaches (stage `code` keeps it current), so a real change to a module reruns exactly the
+stages that run it, and a comment reruns none. The spec files are DVC
 params files, so `dvc params diff` shows spec changes.
 """
 
@@ -20,7 +21,7 @@ from reprogate.specs.loader import load_params, load_spec
 from reprogate.specs.model import BUILT
 from reprogate.specs.pipeline import Part, Pipeline, load_pipeline
 from reprogate.specs.reading import read_yaml
-from reprogate.utils import imports, paths
+from reprogate.utils import paths
 from reprogate.utils.errors import UserError
 
 HEADER = (
@@ -32,12 +33,13 @@ LOCK = "requirements.lock"
 
 
 def code(name: str, root: Path | None = None) -> list[str]:
-    """The source files `reprogate stage NAME` runs: its module's import closure, and those of
-    the stages it runs as child processes (`RUNS`); relative to `root` (a pipeline in a
-    subfolder of the repository, lm/, names them ../src/...)."""
-    runs = (name, *getattr(runner.module(name), "RUNS", ()))
-    modules = imports.closure(*(f"reprogate.pipeline.stages.{n}" for n in runs)) - {"reprogate"}
-    files = [LOCK, *sorted(imports.source_path(m) for m in modules)]
+    """What `reprogate stage NAME`'s code is to DVC: the lock (a torch bump can change any
+    output) and code/NAME.json, the identity stage `code` writes from the meaning of every module
+    the stage runs (utils/imports.py); relative to `root` (lm/ names the lock ../requirements.lock).
+    Stage `code` itself runs every time and depends on nothing."""
+    if name == "code":
+        return []
+    files = [LOCK, paths.code_identity(name).as_posix()]
     if root is None:
         return files
     # The project's repository: the folder at or above it holding the lock (and src/), wherever
@@ -45,7 +47,7 @@ def code(name: str, root: Path | None = None) -> list[str]:
     # own repository).
     root = root.resolve()
     repo = next((d for d in [root, *root.parents] if (d / LOCK).is_file()), root)
-    return [Path(os.path.relpath(repo / f, root)).as_posix() for f in files]
+    return [Path(os.path.relpath(repo / LOCK, root)).as_posix(), files[1]]
 
 
 # Which families each PER_MODEL value runs for; "all" runs for every model.
@@ -104,7 +106,9 @@ def stage(name: str, p: Pipeline) -> dict[str, Any] | None:
     if p.part != "default":
         body["cmd"] += "" if mod.PER_MODEL else f" --pipeline {p.part}"
         body["wdir"] = ".."  # every path in a stage is the project root's, as in dvc.yaml
-    body["deps"] = [*declared.pop("deps"), *code(name, p.root)]
+    deps = [*declared.pop("deps"), *code(name, p.root)]
+    if deps:
+        body["deps"] = deps
     body.update(declared)
     if getattr(mod, "NUMERIC", False) and "numerics" in read_yaml(p.root / paths.PARAMS):
         body["params"] = [*body.get("params", []), {str(paths.PARAMS): ["numerics"]}]

@@ -54,25 +54,19 @@ def versions() -> dict[str, str]:
     }
 
 
-def vendor() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("vendor_id"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.machine()
-
-
-def this_machine(root: Path, ops: dict[str, dict[str, str]]) -> MachineFingerprint:
-    wanted = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_tile"}
+def this_machine(
+    root: Path, ops: dict[str, dict[str, str]], exact: dict[str, list[int]]
+) -> MachineFingerprint:
+    wanted = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vnni", "amx_tile"}
+    cpu = numerics.cpu()
     return MachineFingerprint(
-        cpu=numerics.cpu_name(),
-        vendor=vendor(),
-        flags=sorted(wanted & numerics.cpu_flags()),
+        cpu=cpu.brand,
+        vendor=cpu.vendor,
+        flags=sorted(wanted & cpu.flags),
         made=dt.datetime.now(dt.UTC).date().isoformat(),
         commit=(git.head(root) or "uncommitted")[:12],
         ops=ops,
+        exact=exact,
     )
 
 
@@ -121,13 +115,15 @@ def _probe(root: Path) -> tuple[dict[str, dict[str, str]], float]:
     return ops, time.perf_counter() - t0
 
 
-def run(root: Path, write_reference: bool = False, ci: bool = False) -> int:
+def run(root: Path, write_reference: bool = False, ci: bool = False, emulate: bool = False) -> int:
     numerics.check(root)
     pin, now = pin_environment(root), versions()
     path = reference_path(root)
     print(f"doctor: pin {', '.join(f'{k}={v}' if v else k for k, v in sorted(pin.items()))}")
+    if emulate:
+        return _emulated(root, path, pin, now, write_reference)
     if write_reference:
-        return _write(root, path, pin, now)
+        return _write(root, path, pin, now, [_measured(root)])
     reference = read_reference(path, pin)
     shown = path.relative_to(root)
     if reference is None:
@@ -145,26 +141,91 @@ def run(root: Path, write_reference: bool = False, ci: bool = False) -> int:
     return _compare(root, reference, ci)
 
 
-def _write(root: Path, path: Path, pin: dict[str, str], now: dict[str, str]) -> int:
-    """This machine's fingerprint into the file; machines of another pin or build are dropped."""
+def measure_to(root: Path, out: Path) -> int:
+    """This process's fingerprint into `out`: what `--emulate` runs under QEMU."""
+    numerics.check(root)
+    write(out, _measured(root))
+    return 0
+
+
+def _emulated(root: Path, path: Path, pin: dict[str, str], now: dict[str, str], keep: bool) -> int:
+    """Native, an emulated Intel and an emulated AMD: every op must be equal in all three."""
+    from reprogate.pipeline import emulate
+
+    emulate.emulator()  # named before minutes of native probing
+    machines = [_measured(root)]
+    for vendor, model in emulate.CPUS.items():
+        print(f"doctor: the probe as {vendor} (`{emulate.QEMU} -cpu {model}`; minutes under emulation)")
+        machines.append(emulate.fingerprint(root, model))
+        print_exactness(machines[-1])
+    agree = _agree({emulate.key(m): m for m in machines})
+    if keep:
+        _write(root, path, pin, now, machines)
+    return 0 if agree else 1
+
+
+def _agree(machines: dict[str, MachineFingerprint]) -> bool:
+    from reprogate.train.probe import CLASSES, class_digest
+
+    first = next(iter(machines.values()))
+    diffs = {name: _differences(m.ops, first.ops) for name, m in machines.items()}
+    width = max(len(c) for c in first.ops)
+    for cls, cls_ops in first.ops.items():
+        bad = sorted({op for d in diffs.values() for op in d.get(cls, [])})
+        verdict = f"DIFFERS: {', '.join(bad)} ({CLASSES[cls]})" if bad else f"equal in all {len(machines)}"
+        print(f"  {cls:<{width}} {len(cls_ops):>3} ops  {class_digest(cls_ops)}  {verdict}")
+    names = "; ".join(machines)
+    if any(diffs.values()):
+        count = len({(c, o) for d in diffs.values() for c, found in d.items() for o in found})
+        print(f"doctor: {count} op(s) differ between {names}: their bits depend on the vendor")
+        return False
+    print(f"doctor: every op equal for {names}")
+    return True
+
+
+def _write(
+    root: Path, path: Path, pin: dict[str, str], now: dict[str, str], measured: list[MachineFingerprint]
+) -> int:
+    """The measured fingerprints into the file; machines of another pin or build are dropped,
+    and named."""
+    from reprogate.pipeline.emulate import key
+
     old = NumericReference(pin=pin, versions=now, machines={})
     if path.is_file():
         with contextlib.suppress(UserError):
             old = read_reference(path, pin) or old
-    me = _measured(root)
     kept = old.machines if old.versions == now else {}
-    machines = {**kept, f"{me.vendor} {me.cpu}": me}
+    dropped = sorted(set(old.machines) - set(kept))
+    machines = {**kept, **{key(m): m for m in measured}}
     write(path, NumericReference(pin=pin, versions=now, machines=machines))
     shown = path.relative_to(root)
-    print(f"doctor: wrote this machine's fingerprint to {shown} ({len(machines)} machine(s))")
+    gone = f"; dropped (another library build): {', '.join(dropped)}" if dropped else ""
+    print(f"doctor: wrote {len(measured)} fingerprint(s) to {shown} ({len(machines)} machine(s){gone})")
     return 0
 
 
 def _measured(root: Path) -> MachineFingerprint:
+    from reprogate.train import exact
+
     ops, took = _probe(root)
-    me = this_machine(root, ops)
+    checked = {op: list(found) for op, found in exact.check().items()}
+    me = this_machine(root, ops, checked)
     print(f"doctor: this machine: {me.cpu} ({me.vendor}; {', '.join(me.flags)}); probe {took:.1f} s")
+    print_exactness(me)
     return me
+
+
+def print_exactness(me: MachineFingerprint) -> None:
+    """Each IEEE-exact op: correctly rounded on every input, or named as the vendor's."""
+    width = max((len(op) for op in me.exact), default=0)
+    print(f"  exactness ({me.vendor}{', ' + me.emulated if me.emulated else ''}):")
+    for op, (wrong, n) in me.exact.items():
+        verdict = (
+            f"correctly rounded ({n:,} inputs)"
+            if wrong == 0
+            else f"NOT correctly rounded: {wrong:,} of {n:,} (vendor-dependent bits)"
+        )
+        print(f"    {op:<{width}} {verdict}")
 
 
 def _compare(root: Path, reference: NumericReference, ci: bool) -> int:

@@ -68,6 +68,7 @@ def _acted_on(challenge_set: dict) -> str:
 CLASSIFIER = Kind(
     name="classify",
     stages=(
+        "code",
         "prepare",
         "augment",
         "features",
@@ -132,7 +133,7 @@ CLASSIFIER = Kind(
 
 LANGUAGE_MODEL = Kind(
     name="lm",
-    stages=("corpus", "tokenize", "train", "lm_evaluate", "resume_check", "gate"),
+    stages=("code", "corpus", "tokenize", "train", "lm_evaluate", "resume_check", "gate"),
     evaluation=LmEvaluation,
     rules=(
         GateRule(

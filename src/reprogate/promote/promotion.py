@@ -20,6 +20,7 @@ from typing import Any
 from reprogate.predict import requests, shipped
 from reprogate.promote import commit as promote_commit
 from reprogate.promote.versions import next_version, tags_at
+from reprogate.records import code as code_records
 from reprogate.records.base import dumps, load, parse
 from reprogate.records.data import DataRecord
 from reprogate.records.evaluation import Evaluation
@@ -91,7 +92,9 @@ def plan(root: Path, part: Part = "default") -> dict[str, Any]:
     # The gate's evidence is this pipeline's (the experiments' build on the default's): a second
     # pipeline nobody has run is not a reason to refuse the first's candidate.
     pipelines = [paths.DVC_YAML] if part == "default" else [paths.DVC_YAML, dvc_cli.pipeline_file(part)]
-    stale = dvc_cli.status(root, *pipelines)
+    # A code/<stage>.json that no longer says what the code means is stale too: the workspace is
+    # clean and dvc status finds nothing until stage `code` has run.
+    stale = {*dvc_cli.status(root, *pipelines), *(f"code ({s})" for s in code_records.stale(root))}
     if stale:
         raise UserError(
             f"promotion refused: `dvc status` shows stages out of date ({', '.join(sorted(stale))}); "

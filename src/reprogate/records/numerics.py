@@ -14,12 +14,16 @@ from reprogate.records.base import Record
 
 
 class MachineFingerprint(Record):
-    cpu: str  # /proc/cpuinfo's model name
-    vendor: str  # GenuineIntel, AuthenticAMD, ...
+    cpu: str  # the brand string CPUID reports
+    vendor: str  # GenuineIntel, AuthenticAMD, ... (CPUID: under emulation, the emulated CPU's)
     flags: list[str]  # the level-relevant CPU flags it has (avx2, avx512f, ...)
     made: str  # UTC date
     commit: str  # the project's commit it was made at
     ops: dict[str, dict[str, str]]  # class -> op -> digest
+    # IEEE-exact op -> [results not correctly rounded, inputs] (train/exact.py): not compared
+    # between machines; an op with wrong results is one whose bits are the vendor's.
+    exact: dict[str, list[int]] = Field(default_factory=dict)
+    emulated: str | None = None  # the QEMU command that computed it, when not this CPU itself
 
 
 class NumericReference(Record):

@@ -15,9 +15,11 @@ Across vendors, only MKL's COMPATIBLE branch is documented to agree (`gemm: port
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
+from dataclasses import dataclass
 from pathlib import Path
 
 from reprogate.specs.params import Numerics
@@ -35,6 +37,7 @@ LEVELS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
             "MKL_CBWR": "SSE4_2",
             "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
             "ONEDNN_MAX_CPU_ISA": "SSE41",
+            "DNNL_MAX_CPU_ISA": "SSE41",
             "NPY_DISABLE_CPU_FEATURES": "X86_V3,X86_V4,AVX512_ICL,AVX512_SPR",
             "OPENBLAS_CORETYPE": "Nehalem",
         },
@@ -46,6 +49,7 @@ LEVELS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
             "MKL_CBWR": "AVX2",
             "MKL_ENABLE_INSTRUCTIONS": "AVX2",
             "ONEDNN_MAX_CPU_ISA": "AVX2",
+            "DNNL_MAX_CPU_ISA": "AVX2",
             "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
             "NPY_DISABLE_CPU_FEATURES": "X86_V4,AVX512_ICL,AVX512_SPR",
             "OPENBLAS_CORETYPE": "Haswell",
@@ -58,15 +62,22 @@ LEVELS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
             "MKL_CBWR": "AVX512",
             "MKL_ENABLE_INSTRUCTIONS": "AVX512",
             "ONEDNN_MAX_CPU_ISA": "AVX512_CORE",
+            "DNNL_MAX_CPU_ISA": "AVX512_CORE",
             "FBGEMM_ENABLE_INSTRUCTIONS": "AVX512",
             "NPY_DISABLE_CPU_FEATURES": "AVX512_ICL,AVX512_SPR",
             "OPENBLAS_CORETYPE": "SkylakeX",
         },
     ),
 }
+# oneDNN reads its cap under both names (DNNL_ is the older): the pin sets both, so a caller's
+# DNNL_MAX_CPU_ISA cannot bend it.
 # Whatever the level: MKL keeps the thread count it is given, and numpy's BLAS runs on one
 # thread (its work here is small; a thread split can change a reduction's order).
 ALWAYS = {"MKL_DYNAMIC": "FALSE", "OMP_DYNAMIC": "FALSE", "OPENBLAS_NUM_THREADS": "1"}
+# A caller's variables that bend the pinned paths: MKL's vendor override (MKL_DEBUG_CPU_TYPE),
+# and thread counts other than the spec's (a thread split can change a reduction's order; the
+# spec's `threads` sets them in-process). The pin removes them and `check` refuses them.
+UNSET_ALWAYS = ("MKL_DEBUG_CPU_TYPE", "MKL_NUM_THREADS", "OMP_NUM_THREADS")
 # Every variable a level may set: forwarded to workers a launcher does not start itself (Ray).
 VARIABLES = tuple(sorted({k for _, env in LEVELS.values() for k in env} | set(ALWAYS) | {PINNED_ENV}))
 # What ATen reports (torch.backends.cpu.get_cpu_capability) when the pin took.
@@ -95,26 +106,42 @@ def variables(numerics: Numerics) -> dict[str, str]:
 def unset(numerics: Numerics) -> tuple[str, ...]:
     """Variables the pin removes from the environment (they would bend it)."""
     portable = numerics.cpu_level != "native" and numerics.gemm == "portable"
-    return UNSET_BY_PORTABLE if portable else ()
+    return (*UNSET_ALWAYS, *(UNSET_BY_PORTABLE if portable else ()))
 
 
-def cpu_flags() -> set[str]:
+@dataclass(frozen=True)
+class Cpu:
+    """The CPU this process computes on, as its CPUID instruction says: under QEMU's user-mode
+    emulation that is the emulated CPU, while /proc/cpuinfo still describes the host."""
+
+    vendor: str  # GenuineIntel, AuthenticAMD, ...
+    brand: str
+    flags: frozenset[str]  # /proc/cpuinfo's names (avx2, fma, avx512f, ...)
+
+
+@functools.cache
+def cpu() -> Cpu:
     try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return set(line.partition(":")[2].split())
+        from cpuinfo import cpuinfo
+
+        probe = cpuinfo.CPUID(cpuinfo.Trace(False, False))
+        top = probe.get_max_extension_support()
+        return Cpu(probe.get_vendor_id(), probe.get_processor_brand(top), frozenset(probe.get_flags(top)))
+    except Exception:  # not x86, or executable memory refused: the kernel's view instead
+        return _proc_cpu()
 
 
-def cpu_name() -> str:
+def _proc_cpu() -> Cpu:
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        lines = []
+
+    def field(name: str) -> str:
+        return next((ln.partition(":")[2].strip() for ln in lines if ln.startswith(name)), "")
+
+    brand = field("model name") or platform.processor() or platform.machine()
+    return Cpu(field("vendor_id") or platform.machine(), brand, frozenset(field("flags").split()))
 
 
 def refuse_unless_honoured(numerics: Numerics, where: str) -> None:
@@ -131,12 +158,12 @@ def refuse_unless_honoured(numerics: Numerics, where: str) -> None:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         raise UserError(
             f"{where}: field 'numerics.cpu_level' is '{level}', an x86-64 level, but this machine is "
-            f"{platform.machine()} ({cpu_name()}), whose float kernels are others. {fix}"
+            f"{platform.machine()} ({cpu().brand}), whose float kernels are others. {fix}"
         )
-    missing = [f for f in LEVELS[level][0] if f not in cpu_flags()]
+    missing = [f for f in LEVELS[level][0] if f not in cpu().flags]
     if missing:
         raise UserError(
-            f"{where}: field 'numerics.cpu_level' is '{level}', but this CPU ({cpu_name()}) lacks "
+            f"{where}: field 'numerics.cpu_level' is '{level}', but this CPU ({cpu().brand}) lacks "
             f"{', '.join(missing)}, so it cannot take the pinned code paths. {fix}"
         )
 

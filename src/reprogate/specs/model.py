@@ -74,6 +74,13 @@ class OptimizerConfig(Strict):
     betas: Annotated[list[Fraction], Field(min_length=2, max_length=2)] = [0.9, 0.999]
     eps: float = Field(1e-8, gt=0)
     grad_clip: float | None = Field(1.0, gt=0)
+    implementation: Literal["fused", "default"] = Field(
+        "fused",
+        description="fused: torch's fused AdamW, whose every op is correctly rounded, so the weights "
+        "are the same bits on any vendor's CPU. default: torch's foreach AdamW, whose float32 sqrt "
+        "(MKL's vsSqrt on CPU) is the vendor's own rounding (docs/reproducibility.md). Part of the "
+        "run's identity: changing it starts a new run.",
+    )
 
 
 class ScheduleConfig(Strict):
@@ -363,7 +370,13 @@ NOT_IN_TRAINING = {
 
 # Fields added after runs existed, left out of the hash while switched off, so that a checkpoint
 # written before the field existed keeps its run's identity (and resumes) after an upgrade.
-ADDED_OFF = {("augment",): False, ("encoder", "contrastive"): None, ("optimizer", "head_lr"): None}
+# A spec written before `implementation` existed ran the default AdamW: saying so keeps its hash.
+ADDED_OFF = {
+    ("augment",): False,
+    ("encoder", "contrastive"): None,
+    ("optimizer", "head_lr"): None,
+    ("optimizer", "implementation"): "default",
+}
 
 
 def training_hash(spec: ModelSpec) -> str:

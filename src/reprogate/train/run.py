@@ -39,8 +39,6 @@ from reprogate.utils import paths as project
 from reprogate.utils.errors import UserError
 from reprogate.utils.jsonl import read_jsonl
 
-PACKAGE = imports.SOURCE
-
 
 @dataclass
 class Paths:
@@ -82,16 +80,10 @@ class Paths:
 
 
 def code_hash() -> str:
-    """The source of every module the train stage runs: exactly its code dependencies in dvc.yaml
-    (`reprogate compile` derives them from the same import graph), so the fingerprint changes
-    when, and only when, DVC reruns training. (A hash of the whole package moved with every
-    unrelated edit, and a fresh clone's rebuild then differed from the commit in this file.)"""
-    h = hashlib.sha256()
-    for module in sorted(imports.closure("reprogate.pipeline.stages.train") - {"reprogate"}):
-        f = imports.module_file(module)
-        if f is not None:
-            h.update(str(f.relative_to(PACKAGE)).encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()
+    """The train stage's code identity (code/train.json): what its modules mean, not their
+    bytes, so the fingerprint changes when, and only when, DVC reruns training, and a comment
+    never throws a finished run away (checkpoint.resume_point compares it)."""
+    return imports.stage_identity("train")[0]
 
 
 def fingerprint(spec: ModelSpec, data, device, featurizer) -> dict[str, Any]:

@@ -70,6 +70,13 @@ def lr_factor(kind: str, warmup: int, total: int, floor: float = 0.0) -> Callabl
     return f
 
 
+def adamw_implementation(name: str) -> dict[str, bool]:
+    """AdamW's keyword for the spec's implementation. The fused kernel computes its square root
+    and division correctly rounded on every CPU; the default (foreach) one calls MKL's vsSqrt on
+    CPU, which rounds as the vendor's code path does (docs/reproducibility.md)."""
+    return {"fused": True} if name == "fused" else {}
+
+
 @dataclass
 class Progress:
     global_step: int = 0
@@ -96,7 +103,7 @@ class Trainer:
         o = spec.optimizer
         self.optimizer = torch.optim.AdamW(
             param_groups(self.model, o.lr, o.head_lr), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
-            weight_decay=o.weight_decay,
+            weight_decay=o.weight_decay, **adamw_implementation(o.implementation),
         )  # fmt: skip
         warmup = round(spec.schedule.warmup_fraction * total_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(

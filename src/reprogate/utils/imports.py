@@ -5,6 +5,7 @@ that imports only go down."""
 from __future__ import annotations
 
 import ast
+import hashlib
 from functools import cache
 from pathlib import Path
 
@@ -46,7 +47,7 @@ def imports(module: str) -> frozenset[str]:
         return frozenset()
     is_package = f.name == "__init__.py"
     out = set()
-    for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+    for node in ast.walk(_tree(module)):
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
@@ -86,3 +87,81 @@ def source_path(module: str) -> str:
     f = module_file(module)
     assert f is not None, module
     return f"src/{f.relative_to(SOURCE.parent).as_posix()}"
+
+
+# --- Code identity by meaning --------------------------------------------------------------
+# A stage's identity is what its modules mean, not their bytes: a comment, a docstring or a
+# reformat leaves it, so DVC reruns nothing and a finished training is not thrown away. The
+# canonical form below is the syntax tree with docstrings dropped; fields that are None or empty
+# are left out, so Python 3.11, 3.12 (type_params) and 3.13 (which omits them itself) agree.
+
+_DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+@cache
+def _tree(module: str) -> ast.Module:
+    f = module_file(module)
+    return ast.parse(f.read_text(encoding="utf-8")) if f is not None else ast.Module(body=[])
+
+
+def _is_docstring(node: ast.stmt) -> bool:
+    return (
+        isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+    )
+
+
+def _canonical(node: object) -> str:
+    if isinstance(node, list):
+        return "[" + ",".join(_canonical(x) for x in node) + "]"
+    if not isinstance(node, ast.AST):
+        return repr(node)
+    fields = []
+    for name, value in ast.iter_fields(node):
+        if name == "body" and isinstance(node, _DOCUMENTED) and value and _is_docstring(value[0]):
+            value = value[1:]
+        if name == "kind" and isinstance(node, ast.Constant):
+            continue  # the u prefix of a string: the same value
+        if value is None or value == []:
+            continue
+        fields.append(f"{name}={_canonical(value)}")
+    return f"{type(node).__name__}({','.join(fields)})"
+
+
+def source_meaning(source: str) -> str:
+    """sha256 of what Python source means: its syntax tree without docstrings, comments or layout."""
+    return hashlib.sha256(_canonical(ast.parse(source)).encode()).hexdigest()
+
+
+@cache
+def meaning(module: str) -> str:
+    return hashlib.sha256(_canonical(_tree(module)).encode()).hexdigest()
+
+
+def constant(module: str, name: str) -> object:
+    """A module-level constant (`RUNS = ("train",)`), read from the source without importing it
+    (importing a stage imports torch)."""
+    for node in _tree(module).body:
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if isinstance(node, ast.AnnAssign):
+            targets = [node.target]
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            return ast.literal_eval(node.value)
+    return None
+
+
+def stage_modules(stage: str) -> set[str]:
+    """Every reprogate module `reprogate stage STAGE` runs: its module's import closure and those
+    of the stages it runs as child processes (its RUNS)."""
+    top = f"{PACKAGE}.pipeline.stages.{stage}"
+    runs = (stage, *(constant(top, "RUNS") or ()))
+    return closure(*(f"{PACKAGE}.pipeline.stages.{n}" for n in runs)) - {PACKAGE}
+
+
+def stage_identity(stage: str) -> tuple[str, dict[str, str]]:
+    """(identity, {module: meaning}) of a stage's code: the hash DVC compares (code/<stage>.json)
+    and training's fingerprint holds."""
+    meanings = {m: meaning(m) for m in sorted(stage_modules(stage))}
+    joined = "".join(f"{m}\0{h}\n" for m, h in meanings.items())
+    return hashlib.sha256(joined.encode()).hexdigest(), meanings

@@ -141,3 +141,11 @@ def features_dir(name: str) -> Path:
 
 def predictions_dir(name: str) -> Path:
     return PREDICTIONS / name
+
+
+# Each stage's code identity (stage `code`): what DVC compares instead of the source bytes.
+CODE = Path("code")
+
+
+def code_identity(stage: str) -> Path:
+    return CODE / f"{stage}.json"

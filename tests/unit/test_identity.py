@@ -1,0 +1,73 @@
+"""Code identity by meaning: what a comment, a docstring or a reformat leaves alone, and what a
+real change moves. DVC compares it (code/<stage>.json) and training's fingerprint holds it."""
+
+from __future__ import annotations
+
+import pytest
+
+from reprogate.pipeline import compile as compile_dvc
+from reprogate.train import run
+from reprogate.utils import imports
+
+BASE = '''"""A module."""
+
+import math
+
+
+def scale(x, factor=2.0):
+    """Scale x."""
+    return math.sqrt(x) * factor
+
+
+class Box:
+    """A box."""
+
+    size = 3
+'''
+
+SAME = {
+    "comment": BASE.replace("import math\n", "import math  # the standard one\n# more\n"),
+    "docstring line": BASE.replace('"""Scale x."""', '"""Scale x.\n\n    By factor."""'),
+    "blank lines": BASE.replace("\n\ndef", "\n\n\n\ndef"),
+    "reformat": BASE.replace(
+        "return math.sqrt(x) * factor", "return (\n        math.sqrt(x)\n        * factor\n    )"
+    ),
+    "module docstring gone": BASE.replace('"""A module."""\n', ""),
+    "quote style": BASE.replace('"""A box."""', "'A box, said differently.'"),
+}
+
+MOVED = {
+    "constant": BASE.replace("size = 3", "size = 4"),
+    "default": BASE.replace("factor=2.0", "factor=2.5"),
+    "operator": BASE.replace("* factor", "/ factor"),
+    "name": BASE.replace("def scale", "def scaled"),
+    "statement added": BASE.replace("    size = 3", "    size = 3\n    depth = 1"),
+    "string that is not a docstring": BASE.replace("size = 3", "size = 3\n    label = 'a'"),
+}
+
+
+@pytest.mark.parametrize("edit", SAME)
+def test_an_edit_that_changes_no_meaning_keeps_the_identity(edit):
+    assert imports.source_meaning(SAME[edit]) == imports.source_meaning(BASE)
+
+
+@pytest.mark.parametrize("edit", MOVED)
+def test_a_real_change_moves_the_identity(edit):
+    assert imports.source_meaning(MOVED[edit]) != imports.source_meaning(BASE)
+
+
+def test_training_fingerprint_holds_the_identity_dvc_compares():
+    identity, modules = imports.stage_identity("train")
+    assert run.code_hash() == identity
+    assert "reprogate.train.trainer" in modules and "reprogate.pipeline.stages.train" in modules
+
+
+def test_resume_check_covers_the_training_it_runs():
+    assert imports.stage_modules("train") <= imports.stage_modules("resume_check")
+
+
+def test_every_stage_depends_on_its_identity_not_its_source(tmp_path):
+    deps = compile_dvc.code("evaluate", None)
+    assert deps == ["requirements.lock", "code/evaluate.json"]
+    assert compile_dvc.code("code", None) == []
+    assert not any(d.startswith("src/") for d in deps)
