@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -43,6 +44,15 @@ def _listening(root: psutil.Process) -> set[tuple[int, str, str, int]]:
     return found
 
 
+def _network_interface() -> tuple[str, str]:
+    """A non-loopback interface of this machine with its IPv4 address."""
+    for name, addrs in psutil.net_if_addrs().items():
+        for a in addrs:
+            if a.family == socket.AF_INET and not _is_loopback(a.address):
+                return name, a.address
+    pytest.skip("this machine has no network interface besides loopback")
+
+
 def _train_watching_sockets(root, work, env) -> tuple[int, set[tuple[int, str, str, int]]]:
     """(the driver's pid, every listener seen in its process tree while it trained)."""
     proc = start_train(root, work, env, "ranks", stderr=subprocess.STDOUT)
@@ -64,9 +74,12 @@ def _train_watching_sockets(root, work, env) -> tuple[int, set[tuple[int, str, s
 def test_the_ranks_of_a_run_and_a_ray_of_its_own_listen_on_loopback_only(tmp_path, executor):
     root = make_home_project(tmp_path / "project")
     write_model_spec(root, "ranks", dict(TINY_NGRAM, processes=2, executor=executor))
-    # Even where the environment asks Ray for a node reachable from elsewhere.
+    # Even where the environment asks Ray for a node reachable from elsewhere, and names the
+    # machine's network interface for gloo's and NCCL's sockets (a shell left from a cluster job).
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
     env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "1"
+    interface, address = _network_interface()
+    env |= {"GLOO_SOCKET_IFNAME": interface, "NCCL_SOCKET_IFNAME": interface, "MASTER_ADDR": address}
     driver, seen = _train_watching_sockets(root, tmp_path / "work", env)
     names = {name for _, name, _, _ in seen}
     # The look saw the servers themselves, so an empty answer cannot pass for a loopback one:

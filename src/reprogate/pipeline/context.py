@@ -2,6 +2,8 @@
 
 A stage is one module under stages/ with `PER_MODEL`, `dvc(pipeline)` and `run(context)`:
 - NUMERIC (optional): True when its outputs are floats, so params.yaml's numerics is its param;
+- PINNED (optional, default True): False for a stage that computes no float (stage `code`), so
+  the runner does not check the numeric pin, which would import torch for it;
 - PER_MODEL: None for a stage of the whole pipeline, else which models it runs for ("all",
   "trained", "ensembles" or "exports"), one DVC `foreach` item each;
 - dvc(p): its data dependencies, params, outs, metrics and plots (`reprogate compile` adds the

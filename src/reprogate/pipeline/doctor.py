@@ -219,7 +219,7 @@ def print_exactness(me: MachineFingerprint) -> None:
     """Each IEEE-exact op: correctly rounded on every input, or named as the vendor's."""
     width = max((len(op) for op in me.exact), default=0)
     print(f"  exactness ({me.vendor}{', ' + me.emulated if me.emulated else ''}):")
-    for op, (wrong, n) in me.exact.items():
+    for op, (wrong, n) in sorted(me.exact.items()):
         verdict = (
             f"correctly rounded ({n:,} inputs)"
             if wrong == 0

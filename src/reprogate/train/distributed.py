@@ -44,8 +44,9 @@ def launch(root: Path, argv: list[str], processes: int, spec_path: Path, max_res
     for name in list(logging.root.manager.loggerDict):
         if name.startswith("torch.distributed.elastic"):  # its own lines would repeat ours
             logging.getLogger(name).setLevel(logging.CRITICAL)
-    # All ranks are on this machine: gloo over loopback, not whatever the hostname resolves to.
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo0" if sys.platform == "darwin" else "lo")
+    # All ranks are on this machine: gloo over loopback, not whatever the hostname resolves to
+    # or the caller's environment names.
+    stores.sockets_on_loopback()
     # A store of its own for every attempt: on the rendezvous store shared across restarts (the
     # default), a restarted group's gloo ranks read the dead attempt's addresses and time out.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")

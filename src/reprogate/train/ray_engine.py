@@ -20,7 +20,6 @@ import logging
 import os
 import shutil
 import socket
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from reprogate.runtime import numerics
-from reprogate.train import checkpoint
+from reprogate.train import checkpoint, stores
 from reprogate.utils.atomic import write_file
 from reprogate.utils.errors import UserError
 from reprogate.utils.pause import ATTEMPT_ENV
@@ -214,8 +213,7 @@ def _own_ray_on_loopback() -> None:
     process binds to (Ray would take the machine's network address and listen on all interfaces),
     and gloo's and NCCL's sockets are on the loopback interface too."""
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # Ray's switch for a loopback node
-    lo = "lo0" if sys.platform == "darwin" else "lo"
-    os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = lo
+    stores.sockets_on_loopback()
 
 
 def _refuse_beyond_loopback(spec_path: Path) -> None:

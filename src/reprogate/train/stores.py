@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from datetime import timedelta
 
 import torch.distributed as dist
 from torch.distributed import TCPStore
 
 LOOPBACK_RENDEZVOUS = "reprogate-loopback"
+LOOPBACK_INTERFACE = "lo0" if sys.platform == "darwin" else "lo"
 TIMEOUT = dist.constants.default_pg_timeout  # gloo's and torch's own, for joins and reads
 
 
@@ -38,6 +40,13 @@ def serve(address: str, port: int = 0, timeout: timedelta = TIMEOUT) -> TCPStore
         multi_tenant=True,
         master_listen_fd=listener.detach(),
     )
+
+
+def sockets_on_loopback() -> None:
+    """gloo's and NCCL's sockets on the loopback interface, whatever the caller's environment
+    names: every rank of a run started here is on this machine, and a GLOO_SOCKET_IFNAME=eth0
+    left in a shell would otherwise put its listeners on the network."""
+    os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = LOOPBACK_INTERFACE
 
 
 def process_group_store(rank: int, world_size: int) -> TCPStore:
