@@ -99,3 +99,38 @@ def test_a_reference_of_another_pin_or_library_build_is_refused_with_the_fix(pro
         assert said.returncode == 2 and "field 'pin'" in said.stderr and "Traceback" not in said.stderr
     finally:
         (project / REFERENCE).write_text(original)
+
+
+def test_a_reference_with_no_machine_is_refused_not_called_equal(project):
+    original = (project / REFERENCE).read_text()
+    try:
+        _edit(project, lambda raw: raw.update(machines={}))
+        said = _doctor(project, "--ci")
+        assert said.returncode == 2 and "field 'machines' is empty" in said.stderr
+        assert "every op equal" not in said.stdout
+    finally:
+        (project / REFERENCE).write_text(original)
+
+
+def test_write_replaces_a_symlinked_reference_and_refuses_a_folder_leading_outside(project, tmp_path):
+    original = (project / REFERENCE).read_text()
+    target = tmp_path / "elsewhere.json"
+    target.write_text("untouched")
+    try:
+        (project / REFERENCE).unlink()
+        (project / REFERENCE).symlink_to(target)
+        wrote = _doctor(project, "--write")
+        assert wrote.returncode == 0, wrote.stderr[-2000:]
+        assert target.read_text() == "untouched" and not (project / REFERENCE).is_symlink()
+        folder = project / REFERENCE.parent
+        moved = tmp_path / "numerics"
+        folder.rename(moved)
+        folder.symlink_to(moved)
+        said = _doctor(project, "--write")
+        assert said.returncode == 2 and "leads outside the project" in said.stderr
+    finally:
+        if (project / REFERENCE.parent).is_symlink():
+            (project / REFERENCE.parent).unlink()
+            (tmp_path / "numerics").rename(project / REFERENCE.parent)
+        (project / REFERENCE).unlink(missing_ok=True)
+        (project / REFERENCE).write_text(original)

