@@ -60,6 +60,7 @@ def tiny(tmp_path, monkeypatch) -> archives.SplitArchive:
         zip_sha256=_sha(blob),
         weights_sha256=_sha(weights),
         module="reprogate_encoder_tiny",
+        unpacked_bytes=len(weights) + 100,
     )
 
 
@@ -137,3 +138,25 @@ def test_a_spec_of_an_encoder_not_installed_is_valid_and_its_stage_names_the_ext
     spec["encoder"]["model"] = "package:no_such_encoder_package/model"
     with pytest.raises(UserError, match="no installed package 'no_such_encoder_package'"):
         loader.load_spec(write_model_spec(root, "big", spec), ModelSpec)
+
+
+def test_a_zip_bomb_behind_a_matching_pin_is_refused_before_extraction(tmp_path):
+    # 64 MiB of zeros compress to a few KiB: the pin matches the joined bytes, but the entries
+    # declare far more than the pinned unpacked size, and nothing is written.
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("bomb/model.safetensors", b"\0" * (64 << 20))
+    blob = buf.getvalue()
+    part = tmp_path / "bomb.zip.001"
+    part.write_bytes(blob)
+    bomb = replace(
+        archives.MPNET,
+        name="bomb",
+        parts=(archives.Part("bomb-part-001", "bomb.zip.001", _sha(blob)),),
+        zip_sha256=_sha(blob),
+        unpacked_bytes=1 << 20,
+    )
+    with pytest.raises(UserError) as e:
+        archives.unpack(bomb, [part], tmp_path / "out")
+    assert "declare 67,108,864 bytes unpacked" in str(e.value) and "1,048,576" in str(e.value)
+    assert not (tmp_path / "out" / "unpacked").exists()

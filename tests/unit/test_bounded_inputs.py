@@ -4,6 +4,9 @@ time, with the file and line named; nothing half-written is left behind."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 import tracemalloc
 from pathlib import Path
@@ -14,7 +17,7 @@ from reprogate.specs.catalog import load_any
 from reprogate.specs.reading import read_yaml
 from reprogate.utils import queries
 from reprogate.utils.errors import UserError
-from tests.conftest import TINY_NGRAM, make_home_project, run_cli, write_model_spec
+from tests.conftest import REPO, TINY_NGRAM, make_home_project, run_cli, write_model_spec
 
 # The classic "billion laughs": 469 bytes that expand to 9**9 strings.
 BOMB = "a: &a [lol,lol,lol,lol,lol,lol,lol,lol,lol]\n" + "".join(
@@ -208,3 +211,34 @@ def test_user_facing_errors_name_paths_relative_to_the_project(project):
     assert proc.returncode == 1 and "specs/models/broken.yaml" in proc.stderr
     assert str(project) not in proc.stderr
     (project / "specs" / "models" / "broken.yaml").unlink()
+
+
+def test_deep_nesting_in_a_spec_or_a_record_is_one_paragraph(tmp_path):
+    from reprogate.utils.errors import read_json
+
+    spec = tmp_path / "deep.yaml"
+    spec.write_text("a: " + "[" * 20000 + "]" * 20000 + "\n")
+    with pytest.raises(UserError) as e:
+        read_yaml(spec)
+    assert "nests deeper" in str(e.value) and str(spec) in str(e.value)
+    record = tmp_path / "gate.json"
+    record.write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(UserError) as e:
+        read_json(record, "restore it")
+    assert "nests deeper" in str(e.value) and "restore it" in str(e.value)
+
+
+def test_a_callers_numpy_feature_list_does_not_stop_numpy_from_loading(tmp_path):
+    # NPY_ENABLE_CPU_FEATURES beside the pin's NPY_DISABLE_CPU_FEATURES: numpy would refuse to
+    # import; the pin owns numpy's dispatch and removes it.
+    env = {**os.environ, "NPY_ENABLE_CPU_FEATURES": "AVX2"}
+    code = "\n".join(
+        [
+            "import pathlib",
+            "from reprogate.runtime import numerics",
+            "numerics.pin(pathlib.Path('.'))",
+            "import numpy",
+        ]
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]

@@ -169,7 +169,8 @@ def test_an_encoder_folder_outside_the_project_is_refused(home, tmp_path):
 def test_a_package_encoder_reference_stays_inside_its_package_and_runs_no_code(home, model, needle):
     path = home / "specs" / "models" / "enc.yaml"
     spec = {k: v for k, v in TINY_NGRAM.items() if k != "ngram"}
-    path.write_text(yaml.safe_dump({**spec, "family": "encoder", "encoder": {"model": model, "mode": "frozen"}}))
+    spec |= {"family": "encoder", "encoder": {"model": model, "mode": "frozen"}}
+    path.write_text(yaml.safe_dump(spec))
     proc = run_cli("validate", str(path), cwd=home)
     assert proc.returncode == 1 and needle in proc.stderr and "encoder.model" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -82,7 +82,7 @@ def test_a_production_model_without_bits_per_character_is_not_comparable_and_say
         {"sets": {"validation": {"kind": "validation", "bits_per_char": 2.0}}},
         {"passed": True},
         GateSpec(kind="gate"),
-        {"model": "ensemble", "model_version": "v", "heldout_accuracy": 0.9},
+        {"model": "ensemble", "model_version": "ensemble@1", "heldout_accuracy": 0.9},
     )
     rule = {r["rule"]: r for r in rules}["not_worse_than_production"]
     assert rule["verdict"] == "fail" and "not comparable" in rule["note"] and rule["threshold"] is None

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Annotated, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from reprogate.utils.atomic import write_file
 from reprogate.utils.errors import UserError, first_problem, read_json
@@ -25,6 +25,11 @@ class Record(BaseModel):
 
 R = TypeVar("R", bound=Record)
 Interval = Annotated[list[float], Field(min_length=2, max_length=2)]
+# Formats checked wherever a record holds them: a hand-made record cannot carry 50 MB where a
+# hash belongs, or an option (`-ofoo`) where `dvc get --rev` takes a commit.
+Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+CommitId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{7,40}$")]
+ModelVersion = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}@[0-9a-f]{1,64}$")]
 
 
 def dumps(record: Record, indent: int = 2) -> str:

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from reprogate.records.base import Interval, Record
+from reprogate.records.base import Interval, ModelVersion, Record, Sha256
 from reprogate.records.calibration import PolicyRecord
 
 # The set model choices look at: its numbers are in train.json (validation_accuracy) and the
@@ -24,7 +24,7 @@ class LabelledSet(Record):
     accuracy: float
     n: int | None = None
     use: SetUse | None = None  # calibrate: model choices may have looked at it; the gate skips it
-    data_sha256: str | None = None
+    data_sha256: Sha256 | None = None
     macro_f1: float | None = None
     accuracy_ci95: Interval | None = None
     macro_f1_ci95: Interval | None = None
@@ -44,7 +44,7 @@ class OutOfScopeSet(Record):
     false_positive_action_rate: float
     n: int | None = None
     use: SetUse | None = None
-    data_sha256: str | None = None
+    data_sha256: Sha256 | None = None
     coverage: float | None = None
 
 
@@ -63,7 +63,7 @@ class ChallengeSet(Record):
     acted: int
     by_kind: dict[str, KindCount]
     use: SetUse | None = None
-    data_sha256: str | None = None
+    data_sha256: Sha256 | None = None
 
 
 EvalSetRecord = Annotated[LabelledSet | OutOfScopeSet | ChallengeSet, Field(discriminator="kind")]
@@ -72,7 +72,7 @@ EvalSetRecord = Annotated[LabelledSet | OutOfScopeSet | ChallengeSet, Field(disc
 class Evaluation(Record):
     heldout: str = "test"
     device: str | None = None
-    model_version: str | None = None
+    model_version: ModelVersion | None = None
     temperature: float | None = None
     policy: PolicyRecord | None = None
     sets: dict[str, EvalSetRecord] = {}
@@ -95,7 +95,7 @@ class PredictionLine(Record):
     alternatives: list[Alternative]
     route: Literal["act", "review"]
     reasons: list[str]
-    model_version: str
+    model_version: ModelVersion
     kind: str | None = None  # a challenge set's kind of query (unrelated, ambiguous, ...)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from reprogate.records.base import Record
+from reprogate.records.base import ModelVersion, Record
 
 
 class Rule(Record):
@@ -20,7 +20,7 @@ class Candidate(Record):
     passed: bool
     heldout_accuracy: float | None
     val_bits_per_char: float | None = None  # a language model's
-    model_version: str | None
+    model_version: ModelVersion | None
     rules: list[Rule]
     not_evaluated: bool | str | None = None  # True: no eval.json; a string: why it is unreadable
 

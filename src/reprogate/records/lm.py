@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from reprogate.records.base import Record
+from reprogate.records.base import ModelVersion, Record, Sha256
 
 
 class Part(Record):
@@ -91,7 +91,7 @@ class LmSet(Record):
     bits_per_byte: float
     nats_per_char: float
     perplexity: float  # per token
-    data_sha256: str  # data/corpus/<set>.txt
+    data_sha256: Sha256  # data/corpus/<set>.txt
 
 
 class LmEvaluation(Record):
@@ -99,7 +99,7 @@ class LmEvaluation(Record):
 
     kind: Literal["causal_lm"] = "causal_lm"
     heldout: Literal["validation"] = "validation"
-    model_version: str
+    model_version: ModelVersion
     device: str
     sets: dict[str, LmSet]
     parameters: int
@@ -146,4 +146,4 @@ class SampleLine(Record):
     temperature: float
     top_k: int | None
     max_new_tokens: int
-    model_version: str
+    model_version: ModelVersion

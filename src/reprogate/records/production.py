@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from reprogate.records.base import Interval, Record
+from reprogate.records.base import CommitId, Interval, ModelVersion, Record, Sha256
 
 
 class PinnedPolicy(Record):
@@ -29,12 +29,12 @@ class ProductionRecord(Record):
     """models/production.json. Before the first promotion it holds {"model": null}."""
 
     model: str | None = None
-    model_version: str | None = None
+    model_version: ModelVersion | None = None
     family: str | None = None
     artifacts: dict[str, str] | None = None
-    data_sha256: dict[str, str] = {}
+    data_sha256: dict[str, Sha256] = {}
     spec_hashes: dict[str, str] | None = None
-    code_commit: str | None = None
+    code_commit: CommitId | None = None
     heldout_accuracy: float | None = None
     heldout_accuracy_ci95: Interval | None = None
     val_bits_per_char: float | None = None  # a language model's, on its validation split
@@ -46,7 +46,7 @@ class Promoted(ProductionRecord):
     """A production record with a model in it: what predict and serve answer with."""
 
     model: str
-    model_version: str
+    model_version: ModelVersion
 
 
 class PromotionJournal(Record):
@@ -54,7 +54,7 @@ class PromotionJournal(Record):
 
     base: Annotated[str, Field(pattern=r"^[0-9a-f]{40}$")]
     model: str
-    model_version: str
+    model_version: ModelVersion
     record: str  # models/production.json, byte for byte as it is committed
     message: str
     tag: str

@@ -77,7 +77,8 @@ ALWAYS = {"MKL_DYNAMIC": "FALSE", "OMP_DYNAMIC": "FALSE", "OPENBLAS_NUM_THREADS"
 # A caller's variables that bend the pinned paths: MKL's vendor override (MKL_DEBUG_CPU_TYPE),
 # and thread counts other than the spec's (a thread split can change a reduction's order; the
 # spec's `threads` sets them in-process). The pin removes them and `check` refuses them.
-UNSET_ALWAYS = ("MKL_DEBUG_CPU_TYPE", "MKL_NUM_THREADS", "OMP_NUM_THREADS")
+# NPY_ENABLE_CPU_FEATURES beside the pin's NPY_DISABLE_CPU_FEATURES makes numpy refuse to load.
+UNSET_ALWAYS = ("MKL_DEBUG_CPU_TYPE", "MKL_NUM_THREADS", "OMP_NUM_THREADS", "NPY_ENABLE_CPU_FEATURES")
 # Every variable a level may set: forwarded to workers a launcher does not start itself (Ray).
 VARIABLES = tuple(sorted({k for _, env in LEVELS.values() for k in env} | set(ALWAYS) | {PINNED_ENV}))
 # What ATen reports (torch.backends.cpu.get_cpu_capability) when the pin took.

@@ -116,6 +116,11 @@ def read_yaml(path: Path) -> dict[str, Any]:
         else:
             fix = "fix the indentation or quoting there"
         raise UserError(f"{path}: not valid YAML{where}: {problem}; {fix}.") from None
+    except RecursionError:
+        raise UserError(
+            f"{path}: nests deeper than Python can read (lists or mappings inside each other "
+            "thousands of times); a spec is a few levels deep: write it out flat."
+        ) from None
     if not isinstance(raw, dict):
         raise UserError(
             f"{path}: a spec must be a YAML mapping (key: value lines), got {type(raw).__name__}; "

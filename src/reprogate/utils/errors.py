@@ -36,6 +36,8 @@ def read_json(path: Path, fix: str) -> Any:
         raise UserError(f"{path} does not exist; {fix}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{path} is not valid JSON ({e}); {fix}") from None
+    except RecursionError:
+        raise UserError(f"{path} nests deeper than any file reprogate writes; {fix}") from None
 
 
 def first_problem(err: ValidationError, skip: tuple[str, ...] = ()) -> tuple[str, str]:
