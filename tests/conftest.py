@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -208,6 +210,18 @@ def dvc_cmd(root: Path, *args: str) -> str:
     proc = subprocess.run([str(BIN / "dvc"), *args], cwd=root, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
+
+
+def stages_run(dvc_output: str) -> list[str]:
+    """The stages a `dvc repro` ran, but stage `code`, which runs on every repro by design (it
+    checks in a second what the code means, and changes nothing when it means the same)."""
+    return [s for s in re.findall(r"Running stage '([^']+)'", dvc_output) if s != "code"]
+
+
+def dvc_status(root: Path) -> dict:
+    """`dvc status --json` without stage `code`'s "always changed" (clean: {})."""
+    found = json.loads(dvc_cmd(root, "status", "--json") or "{}")
+    return {k: v for k, v in found.items() if v != ["always changed"]}
 
 
 def build_home_pipeline(dest: Path) -> Path:

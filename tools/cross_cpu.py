@@ -52,7 +52,7 @@ def main() -> int:
     )
     ap.add_argument("--ci", action="store_true", help="fail only once the pin is established across vendors")
     args = ap.parse_args()
-    from reprogate.pipeline.doctor import established, pin_environment, read_reference, reference_path
+    from reprogate.pipeline.doctor import binding, pin_environment, read_reference, reference_path
 
     mine = probe(args.shared)
     env = normalised(mine["_env"])
@@ -74,9 +74,8 @@ def main() -> int:
     if not differ:
         return 0
     reference = read_reference(reference_path(ROOT), pin_environment(ROOT))
-    sure = reference is not None and established(reference)
-    print("cross_cpu: " + ("the pin is established across vendors: this is a failure" if sure
-                           else "the pin is not yet established across vendors: reported"))  # fmt: skip
+    sure, why = binding(reference) if reference is not None else (False, "no reference: reported")
+    print("cross_cpu: " + ("the pin is established across vendors: this is a failure" if sure else why))
     return 1 if (sure or not args.ci) else 0
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from reprogate.pipeline.doctor import established
 from reprogate.records.numerics import NumericReference
-from tests.conftest import copy_project
+from tests.conftest import REPO, copy_project
 
 REFERENCE = Path("numerics/x86-64-v3-portable.json")
 
@@ -134,3 +134,17 @@ def test_write_replaces_a_symlinked_reference_and_refuses_a_folder_leading_outsi
             (tmp_path / "numerics").rename(project / REFERENCE.parent)
         (project / REFERENCE).unlink(missing_ok=True)
         (project / REFERENCE).write_text(original)
+
+
+def test_a_cpu_kind_no_fingerprint_covers_is_reported_not_failed():
+    # Emulation covers both vendors' AVX2 CPUs: an Intel CPU with AVX-512 is not covered by the
+    # committed reference until one records itself, so a difference there does not fail CI.
+    from reprogate.pipeline.doctor import covered
+    from reprogate.runtime.numerics import Cpu
+
+    ref = NumericReference.model_validate_json((REPO / REFERENCE).read_text())
+    assert established(ref)
+    avx2 = frozenset({"avx2", "fma"})
+    assert covered(ref, Cpu("GenuineIntel", "an AVX2 Intel", avx2))
+    assert covered(ref, Cpu("AuthenticAMD", "an AVX2 AMD", avx2))
+    assert not covered(ref, Cpu("GenuineIntel", "an AVX-512 Intel", avx2 | {"avx512f"}))

@@ -19,7 +19,7 @@ import pytest
 
 from reprogate.records import runlog
 from reprogate.utils import dvc_cli
-from tests.conftest import IDENTITY, REPO, copy_home, dvc_cmd, git_cmd, run_cli
+from tests.conftest import IDENTITY, REPO, copy_home, dvc_cmd, dvc_status, git_cmd, run_cli, stages_run
 
 VENV = Path(sys.executable).resolve().parent.parent
 GIT_ID = IDENTITY
@@ -47,7 +47,7 @@ def test_a_fresh_clone_reproduces_every_stage_to_the_committed_files(home_pipeli
     proc = make_repro(root)
     assert "Running stage 'train@tiny'" in proc.stdout  # no cache: everything ran here
     assert git_cmd(root, "status", "--porcelain") == ""  # dvc.lock and every metric: the same bytes
-    assert json.loads(dvc_cmd(root, "status", "--json") or "{}") == {}
+    assert dvc_status(root) == {}
     # The telemetry was moved, not deleted: a line per run, in a git-ignored log.
     entries, bad = runlog.read(root / "logs" / "train@tiny.jsonl")
     assert len(entries) == 1 and not bad and entries[0].telemetry["wall_s"] > 0
@@ -73,15 +73,15 @@ def test_two_clones_share_a_remote_and_the_second_runs_nothing(home_pipeline, tm
     version = json.loads((first / "models/production.json").read_text())["model_version"]
     # The gate compares with production, so the promotion made it stale: it reruns, alone.
     again = make_repro(first)
-    assert again.stdout.count("Running stage") == 1 and "Running stage 'gate'" in again.stdout
+    assert stages_run(again.stdout) == ["gate"]
     git_cmd(first, "commit", "-qam", "gate against the new production")
     dvc_cmd(first, "push", "--run-cache")
 
     second = clone(first, tmp_path / "second")
     proc = make_repro(second)
     assert "restoring what DVC remote 'shared' holds" in proc.stdout
-    assert "Running stage" not in proc.stdout, proc.stdout[-3000:]
-    assert json.loads(dvc_cmd(second, "status", "--json") or "{}") == {}
+    assert stages_run(proc.stdout) == [], proc.stdout[-3000:]
+    assert dvc_status(second) == {}
     assert git_cmd(second, "status", "--porcelain") == ""
     answer = json.loads(run_cli("predict", "turn on the kitchen light", cwd=second, check=True).stdout)
     assert answer["model_version"] == version
