@@ -68,3 +68,18 @@ def test_comments_rerun_nothing_and_a_real_change_reruns_its_stages(home_pipelin
     # Stage `code` itself shows its rewritten output; every other stale stage runs the module.
     stale_stages = {name.split("@")[0] for name in stale} - {"code"}
     assert stale_stages == runs_it
+
+
+def test_status_says_each_pipeline_is_up_to_date_or_what_builds_it(home_pipeline, tmp_path):
+    # A newcomer's check after `make repro`: one line per pipeline, clean, though stage `code`
+    # is "always changed" to plain `dvc status`; a real change names the stages and the command.
+    from tests.conftest import run_cli
+
+    root = copy_home(home_pipeline, tmp_path / "p")
+    said = run_cli("status", cwd=root)
+    assert said.returncode == 0 and "default pipeline (dvc.yaml): up to date" in said.stdout, said.stdout
+    _edit(root, "predict/calibration.py", lambda s: s + "\nBINS_NOTE = 15\n")
+    env = {"PYTHONPATH": str(root / "src")}
+    said = run_cli("status", cwd=root, env=env)
+    assert said.returncode == 1 and "out of date or not built" in said.stdout
+    assert "calibrate (its code)" in said.stdout and "`make repro` builds them" in said.stdout

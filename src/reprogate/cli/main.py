@@ -253,6 +253,14 @@ def _add_verify(sub) -> None:
     ve.set_defaults(func=_verify)
 
 
+def _status(args: argparse.Namespace) -> int:
+    from reprogate.pipeline.status import status
+
+    lines, clean = status(find_root(Path.cwd()))
+    print("\n".join(lines))
+    return 0 if clean else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="reprogate", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -293,6 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
     rm.set_defaults(func=_remote)
 
     registry.add_parser(sub).set_defaults(func=_registry)
+
+    ss = sub.add_parser("status", help="is each pipeline built and up to date? (one line each)")
+    ss.set_defaults(func=_status)
 
     hi = sub.add_parser("history", help="the promotions, from git")
     hi.set_defaults(func=_history)

@@ -151,11 +151,12 @@ def _render(p: Pipeline) -> str:
 
 def compile_dvc(root: Path, check: bool) -> str:
     """dvc.yaml, and experiments/dvc.yaml when params.yaml lists experiments."""
-    said = [_compile_part(root, part, check) for part in _parts(root)]
+    said = [_compile_part(root, part, check) for part in parts(root)]
     return "\n".join(said)
 
 
-def _parts(root: Path) -> list[Part]:
+def parts(root: Path) -> list[Part]:
+    """The pipelines params.yaml declares: the default one, and experiments when it lists some."""
     experiments = load_params(root).experiments
     stale = root / paths.EXPERIMENTS / paths.DVC_YAML
     if not experiments and stale.is_file():
