@@ -240,3 +240,38 @@ def test_verify_rebuilds_the_experiments_with_what_they_read_of_the_default_pipe
     assert "bitwise           x.txt" in said and "base.txt" not in said, said
     assert status == 0 and "1 bitwise, 0 within tolerance, 0 different, 0 missing of 1 outputs" in said
     assert "not checked: the commit has no results/experiments/gate.json" in said
+
+
+def test_the_workspace_itself_through_a_link_is_not_a_rebuild(repo, tmp_path):
+    # Its outputs are the commit's by construction: "bitwise, decisions held" would overstate.
+    link = tmp_path / "looks-rebuilt"
+    link.symlink_to(repo)
+    with pytest.raises(UserError, match="this project's own workspace"):
+        verify(repo, "HEAD", link, 1e-6)
+
+
+def test_a_rebuild_with_no_predictions_folder_is_not_a_held_decision(repo, tmp_path):
+    from reprogate.pipeline import decisions
+
+    held = decisions.predictions(repo, "HEAD", ["predictions/m"], _rebuilt(tmp_path))
+    assert held.unchecked == "the rebuild has no predictions/m"
+    nothing = decisions.Held("gate verdicts and chosen candidate")
+    assert "not checked: there was nothing to compare" in nothing.line()
+    assert decisions.summary([nothing]) == "unchecked"
+
+
+def test_the_report_refuses_a_folder_that_is_no_rebuild_and_compares_every_lock_of_its_pipeline(
+    repo, tmp_path
+):
+    from reprogate.report.build import reproduced
+
+    with pytest.raises(UserError, match="not a rebuilt project"):
+        reproduced(repo, "HEAD", Path("/etc"))
+    _experiments(repo, _gate(), b"x weights")
+    git_cmd(repo, "add", "-A")
+    git_cmd(repo, "commit", "-qm", "experiments")
+    d = _rebuilt(tmp_path)
+    _experiments(d, _gate(), b"x weights")
+    shutil.rmtree(d / "models" / "x")  # an experiment output the rebuild lacks
+    got = reproduced(repo, "HEAD", d, "experiments")
+    assert got["counts"]["missing"] == 1 and got["counts"]["bitwise"] == 4, got["counts"]

@@ -28,6 +28,8 @@ class Held:
     def line(self) -> str:
         if self.unchecked:
             return f"decisions: {self.what} not checked: {self.unchecked}"
+        if not self.compared:  # nothing on either side: nothing held
+            return f"decisions: {self.what} not checked: there was nothing to compare"
         if not self.changed:
             return f"decisions: {self.what} held ({self.compared} equal)"
         more = len(self.changed) - 5
@@ -77,6 +79,9 @@ def predictions(root: Path, rev: str, folders: list[str], rebuilt: Path) -> Held
     held = Held("predictions' intents and routes")
     fs = DVCFileSystem(str(root), rev=rev)
     for folder in folders:
+        if not (rebuilt / folder).is_dir():
+            held.unchecked = f"the rebuild has no {folder}"
+            return held
         for mine in sorted((rebuilt / folder).rglob("*.jsonl")):
             rel = mine.relative_to(rebuilt).as_posix()
             try:
@@ -100,4 +105,4 @@ def summary(holds: list[Held]) -> str:
     """One word for the exit status: held, changed, or unchecked."""
     if any(h.changed for h in holds):
         return "changed"
-    return "unchecked" if any(h.unchecked for h in holds) else "held"
+    return "unchecked" if any(h.unchecked or not h.compared for h in holds) else "held"

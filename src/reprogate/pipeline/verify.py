@@ -216,6 +216,25 @@ def _decisions(root: Path, commit: str, rebuilt: Path, part: str) -> list[decisi
     return held + ([decisions.predictions(root, commit, folders, rebuilt)] if folders else [])
 
 
+def check_rebuilt(root: Path, rebuilt: Path, part: str, flag: str) -> None:
+    """A folder given as a rebuild must be a project that `make repro` ran in, and not this
+    project's own workspace (whose outputs are the commit's by construction, through a link or
+    not): else one paragraph, before anything is compared."""
+    make = "make repro" if part == "default" else f"make repro-{part}"
+    fix = f"run `{make}` in a clone of the commit and give its folder"
+    locks = [dvc_cli.LOCK, *([dvc_cli.pipeline_file(part, dvc_cli.LOCK)] if part != "default" else [])]
+    missing = [str(f) for f in [*locks, Path("params.yaml")] if not (rebuilt / f).is_file()]
+    if missing:
+        raise UserError(
+            f"{flag} {rebuilt}: no {' and '.join(missing)} there, so it is not a rebuilt project; {fix}."
+        )
+    if rebuilt.resolve() == root.resolve():
+        raise UserError(
+            f"{flag} {rebuilt}: that is this project's own workspace ({root.resolve()}), not a rebuild: "
+            f"its outputs are the commit's without anything being rerun; {fix}."
+        )
+
+
 def verify(
     root: Path, rev: str, rebuilt: Path | None, tolerance: float, part: str = "default"
 ) -> tuple[int, str]:
@@ -225,13 +244,7 @@ def verify(
     if not commit:
         raise UserError(f"verify: '{rev}' is not a commit of {root}; give a commit, branch or tag.")
     if rebuilt is not None:
-        lock = dvc_cli.pipeline_file(part, dvc_cli.LOCK)
-        if not (rebuilt / lock).is_file() or not (rebuilt / "params.yaml").is_file():
-            make = "make repro" if part == "default" else f"make repro-{part}"
-            raise UserError(
-                f"verify --rebuilt {rebuilt}: no {lock} and params.yaml there, so it is not a "
-                f"rebuilt project; run `{make}` in a clone of the commit and give its folder."
-            )
+        check_rebuilt(root, rebuilt, part, "verify --rebuilt")
         verdicts = compare(root, commit, rebuilt, tolerance, part)
         held = _decisions(root, commit, rebuilt, part)
     else:

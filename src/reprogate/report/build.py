@@ -207,12 +207,15 @@ def build(root: Path, base_rev: str, head_rev: str | None = None, part: str = "d
     }
 
 
-def reproduced(root: Path, base_commit: str, rebuilt: Path) -> dict[str, Any]:
+def reproduced(root: Path, base_commit: str, rebuilt: Path, part: str = "default") -> dict[str, Any]:
     """Did a rebuild of the base (its folder after `make repro`) give the base commit's outputs?
-    `reprogate verify`'s verdicts, at its default tolerance."""
-    from reprogate.pipeline.verify import DEFAULT_TOLERANCE, compare
+    `reprogate verify`'s verdicts, at its default tolerance, over every lock the report's
+    pipeline has (the experiments' build on the default's)."""
+    from reprogate.pipeline.verify import DEFAULT_TOLERANCE, check_rebuilt, compare
 
-    verdicts = compare(root, base_commit, rebuilt, DEFAULT_TOLERANCE)
+    check_rebuilt(root, rebuilt, part, "report --base-rebuilt")
+    parts = ["default"] + ([part] if part != "default" else [])
+    verdicts = [v for p in parts for v in compare(root, base_commit, rebuilt, DEFAULT_TOLERANCE, p)]
     return {
         "rebuilt": str(rebuilt),
         "tolerance": DEFAULT_TOLERANCE,
@@ -258,7 +261,10 @@ def write(
 
     refuse_unsafe_out(out)
     report = build(root, base_rev, head_rev, part)
-    report["reproduced"] = reproduced(root, report["base"]["commit"], base_rebuilt) if base_rebuilt else None
+    if base_rebuilt:
+        report["reproduced"] = reproduced(root, report["base"]["commit"], base_rebuilt, part)
+    else:
+        report["reproduced"] = None
     theirs, missing = report_plots.dvc_plots(root, base_rev, head_rev, report["intents"]["model"])
     report["missing"] += [missing] if missing else []
     out.mkdir(parents=True, exist_ok=True)
