@@ -21,7 +21,8 @@ def home(home_pipeline, tmp_path_factory) -> Path:
 
 
 def test_a_clone_without_the_tags_numbers_the_next_promotion_after_the_committed_ones(tmp_path):
-    from reprogate.promote.promotion import history, next_number
+    from reprogate.promote.history import history
+    from reprogate.promote.promotion import next_number
 
     _git(tmp_path, "init", "-q")
     (tmp_path / "models").mkdir()

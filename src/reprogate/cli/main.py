@@ -85,7 +85,7 @@ def _registry(args: argparse.Namespace) -> int:
 
 
 def _history(args: argparse.Namespace) -> int:
-    from reprogate.promote.promotion import history
+    from reprogate.promote.history import history
 
     print(history(_project()))
     return 0

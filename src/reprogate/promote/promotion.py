@@ -264,6 +264,7 @@ def promote(root: Path, dry_run: bool = False, push: bool = False, part: Part = 
             f"{root} is not a git repository (or git is missing): a promotion is a git commit a "
             "reviewer reads; run `git init` and commit the project, then promote."
         )
+    refuse_detached(root)
     if dry_run:
         said = locks.clear(root, git_dir, dry_run=True)
         if (journal := promote_commit.pending(git_dir)) is not None:
@@ -283,6 +284,17 @@ def promote(root: Path, dry_run: bool = False, push: bool = False, part: Part = 
             said = pushed + "promote: finished a promotion a killed run had begun.\n" + _done(journal, commit)
             return said + ("\n" + push_commit(root, promote_commit.tags(journal)) if push else "")
         return _fresh(root, git_dir, dry_run=False, push=push, part=part)
+
+
+def refuse_detached(root: Path) -> None:
+    """A commit made on a detached HEAD is on no branch (and `git push origin HEAD` would make a
+    branch named HEAD): refused in one paragraph."""
+    head = git.head(root)
+    if head and not git.run(root, "symbolic-ref", "-q", "HEAD", check=False):
+        raise UserError(
+            f"promotion refused: HEAD is detached (at {head[:12]}), so the promotion commit would be "
+            "on no branch; check out the branch to promote on (`git switch main`), then promote again."
+        )
 
 
 def _same_project(root: Path, journal: PromotionJournal) -> None:
@@ -369,31 +381,3 @@ def next_number(root: Path, name: str) -> int:
     log = git.run(root, "log", "--format=%s", "--", str(PRODUCTION), check=False)
     committed = sum(is_promotion(line, name) for line in log.splitlines())
     return 1 + max(tagged, committed)
-
-
-def history(root: Path) -> str:
-    """The commits that changed production, newest first, each with the model it put there
-    (read from that commit's models/production.json, so a revert shows what it restored);
-    `[files kept]` marks versions whose promoted files are in models/.promoted/, so reverting
-    to them takes effect at once."""
-    log = git.run(root, "log", "--format=%h %ad %s", "--date=short", "--", str(PRODUCTION))
-    lines = []
-    for line in log.splitlines():
-        commit, date, subject = line.split(" ", 2)
-        shown = git.run(root, "show", f"{commit}:{PRODUCTION}", check=False)
-        try:
-            version = json.loads(shown).get("model_version") if shown else None
-        except (json.JSONDecodeError, AttributeError):
-            version = None
-        kept = isinstance(version, str) and "@" in version and (root / PROMOTED / version).is_dir()
-        lines.append(f"{commit} {date} {version or '(none)'}  {subject}" + ("  [files kept]" if kept else ""))
-    tags = git.run(root, "tag", "--list", f"*#{STAGE}#*", "--format=%(refname:short) -> %(*objectname:short)")
-    promotions = sum(is_promotion(line.split(" ", 2)[2]) for line in log.splitlines())
-    untagged = promotions - len(tags.splitlines())
-    note = (
-        f"\n\n{untagged} promotion commit(s) above have no tag in this clone (tags are not fetched by "
-        "every clone: `git fetch --tags`); `promote` numbers the next tag after them all the same."
-        if untagged > 0
-        else ""
-    )
-    return ("\n".join(lines) or "(no promotions yet)") + ("\n\ntags:\n" + tags if tags else "") + note
