@@ -806,6 +806,47 @@ def test_half_open_connections_never_stop_a_normal_client_and_the_log_stays_smal
         server.wait(timeout=20)
 
 
+@pytest.mark.long  # docs/testing.md: `make test-long`, run by CI
+def test_bodies_trickled_a_byte_at_a_time_never_stop_a_normal_client(project, tmp_path):
+    """900 sockets that send whole headers and then their body a byte at a time, at a 1,024-file
+    limit: a normal client is answered within 5 s (the cap evicts the oldest socket still owing
+    bytes), and past the body deadline the trickling sockets are closed by the server."""
+    port, log = _free_port(), tmp_path / "serve.log"
+    server = _serve_process(project, port, log, "--body-timeout", "3")
+    slow: list[socket.socket] = []
+    head = (
+        b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 4000\r\n\r\n"
+    )
+    try:
+        for _ in range(900):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(head + b'{"te')  # and then a byte now and then
+            slow.append(s)
+        started = time.monotonic()
+        r = httpx.post(f"http://127.0.0.1:{port}/predict", json={"texts": ["turn on the lights"]}, timeout=15)
+        assert r.status_code == 200 and r.json()["predictions"][0]["intent"]
+        assert time.monotonic() - started < 5
+        for _ in range(4):  # a byte each second keeps no socket alive past the body deadline
+            time.sleep(1)
+            for s in slow[-50:]:
+                with contextlib.suppress(OSError):
+                    s.sendall(b"x")
+        closed = 0
+        for s in slow[-50:]:
+            s.settimeout(2)
+            try:
+                closed += s.recv(1) == b""
+            except ConnectionResetError:
+                closed += 1
+        assert closed == 50, f"{50 - closed} of the last 50 trickling sockets still open"
+        assert server.poll() is None and "Traceback" not in log.read_text()
+    finally:
+        for s in slow:
+            s.close()
+        server.terminate()
+        server.wait(timeout=20)
+
+
 def _rss_mb(pid: int) -> float:
     status = Path(f"/proc/{pid}/status").read_text()
     return int(next(x for x in status.splitlines() if x.startswith("VmRSS")).split()[1]) / 1024

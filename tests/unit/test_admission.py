@@ -38,3 +38,16 @@ def test_a_request_over_the_row_budget_is_refused():
     with pytest.raises(Refused) as e:
         rows([text] * n, scores_clauses=True)
     assert f"costs {n * per} model rows" in str(e.value) and "fewer queries" in str(e.value)
+
+
+def test_counting_clauses_is_linear_in_the_text_so_the_event_loop_is_never_held():
+    # `" " * 999 + "x"` took the raw cut about 60 ms (a quadratic regex over a whitespace run),
+    # and admission runs in the server's event loop: 64 such texts held /healthz for seconds.
+    import time
+
+    from reprogate.serve import admission
+
+    texts = [" " * 999 + "x"] * 64 + [", " * 499 + "x"] * 64 + ["a " + "\t" * 997 + "b"] * 64
+    started = time.perf_counter()
+    assert admission.rows(texts, scores_clauses=True) == [1] * len(texts)
+    assert time.perf_counter() - started < 0.25

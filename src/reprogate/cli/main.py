@@ -174,7 +174,13 @@ def _serve(args: argparse.Namespace) -> int:
     from reprogate.serve.limits import Limits
 
     model = Path(args.model) if args.model else None
-    limits = Limits(args.watch_interval, args.header_timeout, args.max_connections, args.batch_wait_ms)
+    limits = Limits(
+        args.watch_interval,
+        args.header_timeout,
+        args.max_connections,
+        args.batch_wait_ms,
+        body_timeout=args.body_timeout,
+    )
     serve(_project(), args.host, args.port, model, args.device, limits)
     return 0
 
@@ -223,9 +229,16 @@ def _add_serve(sub) -> None:
         "connected or got its last answer (default 10)",
     )
     sv.add_argument(
+        "--body-timeout",
+        type=cli_args.positive_seconds,
+        default=30.0,
+        help="close a connection whose request body is not complete this many seconds after its "
+        "headers (default 30)",
+    )
+    sv.add_argument(
         "--max-connections",
         type=cli_args.positive_int,
-        help="open connections at most; at the cap the oldest one still owing its headers is closed "
+        help="open connections at most; at the cap the oldest one still owing its headers or body is closed "
         "(default: the open-file limit less 256, at most 4096)",
     )
     sv.add_argument(

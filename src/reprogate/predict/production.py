@@ -33,6 +33,7 @@ from reprogate.train.folder import Scorer, model_version
 from reprogate.utils import dvc_cli, git, paths
 from reprogate.utils.atomic import replace_dir
 from reprogate.utils.errors import UserError
+from reprogate.utils.text import canonical
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,11 @@ class Loaded:
 
     def predict(self, texts: list[str]) -> list[dict[str, Any]]:
         start = time.perf_counter()
-        probs = probabilities(self.scorer.text_logits(texts), self.policy.temperature)
-        extra = self.policy.request_reasons(texts, probs, self.scorer)
+        # Scored and cut into clauses as evaluation's prepared texts are: in canonical form. The
+        # answer echoes each text as it was sent.
+        folded = [canonical(t) for t in texts]
+        probs = probabilities(self.scorer.text_logits(folded), self.policy.temperature)
+        extra = self.policy.request_reasons(folded, probs, self.scorer)
         ms = round((time.perf_counter() - start) * 1000, 3)
         return [
             {

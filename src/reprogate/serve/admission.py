@@ -14,6 +14,7 @@ import asyncio
 from typing import Any
 
 from reprogate.predict.requests import clauses
+from reprogate.utils.text import canonical
 
 MAX_CLAUSES = 16
 MAX_REQUEST_ROWS = 512
@@ -29,7 +30,9 @@ def rows(texts: list[str], scores_clauses: bool) -> list[int]:
     """Each text's model rows, or Refused (422) naming the first text or the request over a bound."""
     out = []
     for i, t in enumerate(texts):
-        n = len(clauses(t)) if scores_clauses else 0
+        # Counted on the text as the model reads it (whitespace runs folded, as evaluation's
+        # prepared texts are): linear, where the raw `" " * 999 + "x"` took the cut 60 ms.
+        n = len(clauses(canonical(t))) if scores_clauses else 0
         if n > MAX_CLAUSES:
             raise Refused(
                 422,

@@ -353,7 +353,7 @@ def serve(
         host=host,
         port=port,
         log_level="info",
-        http=serve_limits.protocol(limits.header_timeout, cap),
+        http=serve_limits.protocol(limits.header_timeout, cap, limits.body_timeout),
         # Accepted per wake-up of the listening socket: small, so connections are counted (and
         # the cap enforced) between batches, never past the file limit in one.
         backlog=serve_limits.ACCEPT_BATCH,

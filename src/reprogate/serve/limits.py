@@ -5,9 +5,11 @@ half a request line and then nothing (slowloris): such sockets used to stay open
 the process ran out of file descriptors and every accept failed, logging each failure. Here:
 - the header deadline: a connection must complete its request's headers within
   `header_timeout` seconds of connecting (or of its previous response), else it is closed;
-- a connection cap below the process's file limit: at the cap, the oldest connection still
-  waiting for headers is closed to make room (a normal client sends its headers at once, so a
-  flood of half-open sockets evicts itself, not the clients that are being served);
+- the body deadline: once the headers are in, the body must be complete within `body_timeout`
+  seconds (a client trickling a byte at a time held its socket for ever);
+- a connection cap below the process's file limit: at the cap, the oldest connection that still
+  owes us bytes (headers or body) is closed to make room (a normal client sends its request at
+  once, so a flood of half-open or trickling sockets evicts itself, not the clients being served);
 - log volume: each kind of log line at most `LOG_BURST` times per `LOG_WINDOW_S`, then one line
   that says how many were left out.
 """
@@ -26,6 +28,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 HEADER_TIMEOUT_S = 10.0
+BODY_TIMEOUT_S = 30.0  # a body of MAX_BODY_BYTES at ~35 KB/s; on loopback or a LAN, milliseconds
 # File descriptors kept for the model's files, logs and the watcher, and for one accept batch
 # (ACCEPT_BATCH) taken before the cap is enforced, under the process's limit.
 RESERVED_FDS = 256
@@ -43,6 +46,7 @@ class Limits:
     max_connections: int | None = None  # None: under the open-file limit (default_max_connections)
     batch_wait_ms: float = 2.0  # how long a /predict request waits for others to share its model call
     max_batch: int = 64  # texts in one model call, at most (a request's own are never split)
+    body_timeout: float = BODY_TIMEOUT_S
 
 
 def file_limit() -> int:
@@ -75,8 +79,8 @@ class _Closed:
         now = time.monotonic()
         if now - self.said_at >= LOG_WINDOW_S:
             log.warning(
-                "closed %d connection(s) that did not send their request headers in time and evicted %d "
-                "waiting one(s) at the connection cap (slow or stuck clients)",
+                "closed %d connection(s) that did not send their request headers (or body) in time and "
+                "evicted %d waiting one(s) at the connection cap (slow or stuck clients)",
                 self.timed_out,
                 self.evicted,
             )
@@ -88,12 +92,14 @@ class GuardedH11(H11Protocol):
     """uvicorn's HTTP/1.1 protocol with a header deadline and a connection cap (see module)."""
 
     header_timeout: float = HEADER_TIMEOUT_S
+    body_timeout: float = BODY_TIMEOUT_S
     max_connections: int = 1000
     closed = _Closed()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._deadline: asyncio.TimerHandle | None = None
+        self._reading_body = False
         self._since = self.loop.time()
         if len(self.connections) > self.max_connections:
             self._make_room()
@@ -103,17 +109,19 @@ class GuardedH11(H11Protocol):
         """No request of this connection is being read or answered: it owes us headers."""
         return self.conn.their_state is h11.IDLE and (self.cycle is None or self.cycle.response_complete)
 
+    def _owing(self) -> bool:
+        """It owes us its headers, or the rest of a body whose headers came."""
+        return self._waiting() or self.conn.their_state is h11.SEND_BODY
+
     def _make_room(self) -> None:
-        waiting = [
-            c for c in self.connections if isinstance(c, GuardedH11) and c is not self and c._waiting()
-        ]
+        waiting = [c for c in self.connections if isinstance(c, GuardedH11) and c is not self and c._owing()]
         victim = min(waiting, key=lambda c: c._since) if waiting else self
         victim.transport.close()
         self.closed.add("evicted")
 
-    def _arm(self) -> None:
+    def _arm(self, seconds: float | None = None) -> None:
         self._disarm()
-        self._deadline = self.loop.call_later(self.header_timeout, self._expire)
+        self._deadline = self.loop.call_later(seconds or self.header_timeout, self._expire)
 
     def _disarm(self) -> None:
         if getattr(self, "_deadline", None) is not None:
@@ -122,18 +130,25 @@ class GuardedH11(H11Protocol):
 
     def _expire(self) -> None:
         self._deadline = None
-        if self._waiting() and not self.transport.is_closing():
+        if self._owing() and not self.transport.is_closing():
             self.transport.close()
             self.closed.add("timed_out")
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
-        if not self._waiting():
-            self._disarm()  # the headers are in: the request is the app's now
+        if self._waiting():
+            return  # still owes its headers: the header deadline stands
+        if self.conn.their_state is h11.SEND_BODY:
+            if not self._reading_body:  # the headers just came: the body is owed from now
+                self._reading_body = True
+                self._arm(self.body_timeout)
+        else:
+            self._disarm()  # the request is in: it is the app's now
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._since = self.loop.time()
+        self._reading_body = False
         self._arm()  # the next request's headers are owed within the deadline too
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -141,10 +156,15 @@ class GuardedH11(H11Protocol):
         super().connection_lost(exc)
 
 
-def protocol(header_timeout: float, max_connections: int) -> type[GuardedH11]:
-    return type(
-        "Guarded", (GuardedH11,), {"header_timeout": header_timeout, "max_connections": max_connections}
-    )
+def protocol(
+    header_timeout: float, max_connections: int, body_timeout: float = BODY_TIMEOUT_S
+) -> type[GuardedH11]:
+    bounds = {
+        "header_timeout": header_timeout,
+        "body_timeout": body_timeout,
+        "max_connections": max_connections,
+    }
+    return type("Guarded", (GuardedH11,), bounds)
 
 
 def loop_errors(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
