@@ -164,3 +164,30 @@ def test_work_for_a_client_that_left_is_never_done():
     _run(leave())
     batcher.stop()
     assert model.calls == [["keep"]] and batcher.dropped == 1 and batcher.queued_rows == 0
+
+
+def test_a_small_request_waits_one_batch_however_many_large_ones_are_ahead():
+    # Eight clients of 64 texts each, then a one-text client: in turns of whole requests it
+    # waited behind eight full batches; filled breadth first, it is in the next batch.
+    model = Model("a", delay=0.1)
+    batcher = MicroBatcher(max_batch=64, max_wait_s=0.01)
+    finished: dict[str, float] = {}
+
+    async def timed(name: str, texts: list[str]):
+        answers = await batcher.predict(model, texts)
+        finished[name] = time.perf_counter()
+        return answers
+
+    async def all_of_them():
+        first = asyncio.ensure_future(timed("warm", ["w"]))  # the worker busy while the line forms
+        heavy = [asyncio.ensure_future(timed(f"h{k}", [f"h{k}.{i}" for i in range(64)])) for k in range(8)]
+        await asyncio.sleep(0.02)
+        start = time.perf_counter()
+        small = await timed("small", ["s"])
+        return start, small, await asyncio.gather(first, *heavy)
+
+    start, small, heavy = _run(all_of_them())
+    batcher.stop()
+    assert small[0]["text"] == "s" and all(len(h) in (1, 64) for h in heavy)
+    assert finished["small"] - start < 0.45  # the batch in hand and the next: not eight
+    assert all(len(c) <= 64 for c in model.calls)

@@ -8,12 +8,13 @@ less per text than one call per request (the runtime's matrix products get their
 
 What a text costs is its rows: the text, plus one per clause the two-requests rule scores alone
 (predict/requests.py), so 200 commas are 200 rows. A batch holds at most `max_rows` rows; a
-larger request is answered over several batches, and between two of its turns every other
-waiting request takes one (round robin), so a small request waits at most one batch's work
-behind a large one, never the whole of it. The rows waiting in all are bounded (`max_queued_rows`):
-past it a request is refused at once (Busy: the server answers 503 with Retry-After) instead of
-waiting behind work it cannot catch up with. A request whose client went away (its future was
-cancelled) is dropped before its next turn, and its rows leave the queue with it.
+larger request is answered over several batches. A batch is filled breadth first (each waiting
+request's next text before anyone's second), so a small request waits at most one batch's work
+behind any number of large ones, never the whole of them. The rows waiting in all are bounded
+(`max_queued_rows`): past it a request is refused at once (Busy: the server answers 503 with
+Retry-After) instead of waiting behind work it cannot catch up with. A request whose client
+went away (its future was cancelled) is dropped before its next turn, and its rows leave the
+queue with it.
 
 Requests are never mixed across models: a batch is split by the model each request took when
 it arrived, so a hot swap never answers a request with a model it did not start with.
@@ -145,27 +146,34 @@ class MicroBatcher:
         return True
 
     def _take(self) -> list[tuple[Pending, int, int]]:
-        """One batch: each request in turn gives the texts that still fit (the first at least
-        one), then goes to the back of the line if it has more. Requests whose clients left are
-        dropped here."""
-        batch: list[tuple[Pending, int, int]] = []
-        rows = texts = 0
+        """One batch, filled breadth first: every waiting request gives its next text before any
+        gives a second, so one small request waits for at most one batch however many large
+        ones are ahead of it (in turns of whole requests, 8 clients of 64 long texts each put
+        8 batches before it). Those with texts left go to the back of the line. Requests whose
+        clients left are dropped here."""
+        live = []
         for p in list(self._turns):
             if p.future.cancelled():
                 self._turns.remove(p)
                 self._release(p.left())
                 self.dropped += 1
-                continue
-            end = p.done
-            while end < len(p.texts) and texts < self.max_batch:
-                if (batch or end > p.done) and rows + p.rows[end] > self.max_rows:
-                    break  # (the batch's first text always goes)
-                rows, texts, end = rows + p.rows[end], texts + 1, end + 1
-            if end > p.done:
-                batch.append((p, p.done, end))
-                self._turns.remove(p)
-            if rows >= self.max_rows or texts >= self.max_batch:
-                break
+            else:
+                live.append(p)
+        ends = {id(p): p.done for p in live}
+        rows = texts = 0
+        grew = True
+        while grew and texts < self.max_batch and rows < self.max_rows:
+            grew = False
+            for p in live:
+                end = ends[id(p)]
+                if end >= len(p.texts) or (texts and rows + p.rows[end] > self.max_rows):
+                    continue  # (the batch's first text always goes)
+                ends[id(p)], rows, texts, grew = end + 1, rows + p.rows[end], texts + 1, True
+                if texts >= self.max_batch or rows >= self.max_rows:
+                    break
+        batch = [(p, p.done, ends[id(p)]) for p in live if ends[id(p)] > p.done]
+        for p, _, _ in batch:
+            self._turns.remove(p)
         self._concurrent = len(batch) > 1
         return batch
 
