@@ -275,3 +275,17 @@ def test_the_report_refuses_a_folder_that_is_no_rebuild_and_compares_every_lock_
     shutil.rmtree(d / "models" / "x")  # an experiment output the rebuild lacks
     got = reproduced(repo, "HEAD", d, "experiments")
     assert got["counts"]["missing"] == 1 and got["counts"]["bitwise"] == 4, got["counts"]
+
+
+def test_a_rebuilt_gate_record_linking_outside_is_not_read(repo, tmp_path):
+    # A rebuilt folder whose results/gate.json links to /etc/passwd: one line, nothing of the
+    # file quoted, never a pydantic traceback.
+    d = _rebuilt(tmp_path)
+    (d / "results" / "gate.json").unlink()
+    (d / "results" / "gate.json").symlink_to("/etc/passwd")
+    status, said = verify(repo, "HEAD", d, 1e-6)
+    assert "is a link leading outside it; it was not read" in said and "root:" not in said
+    (d / "results" / "gate.json").unlink()
+    (d / "results" / "gate.json").write_text('{"chosen": 3}')
+    status, said = verify(repo, "HEAD", d, 1e-6)
+    assert "is not a gate record" in said

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from reprogate.records.base import parse
 from reprogate.records.evaluation import PredictionLine
 from reprogate.records.gate import Decision
 
@@ -53,10 +54,18 @@ def gate(path: Path, committed: bytes | None, rebuilt: Path) -> Held:
     if committed is None:
         held.unchecked = f"the commit has no {path}"
         return held
-    if not (rebuilt / path).is_file():
+    mine = rebuilt / path
+    if not mine.is_file():
         held.unchecked = f"the rebuild has no {path}"
         return held
-    a, b = _verdicts(committed), _verdicts((rebuilt / path).read_bytes())
+    if not mine.resolve().is_relative_to(rebuilt.resolve()):
+        held.unchecked = f"the rebuild's {path} is a link leading outside it; it was not read"
+        return held
+    theirs, why = parse(mine, Decision)
+    if theirs is None:
+        held.unchecked = f"the rebuild's {path} is not a gate record ({why})"
+        return held
+    a, b = _verdicts(committed), _verdicts(mine.read_bytes())
     held.compared = len(a.keys() | b.keys())
     keys = sorted(a.keys() | b.keys())
     held.changed = [f"{k}: {a.get(k)} -> {b.get(k)}" for k in keys if a.get(k) != b.get(k)]
