@@ -9,8 +9,10 @@ the options flow offers.
 
 from __future__ import annotations
 
+import json
 import time
 
+import pytest
 from aiohttp import web
 from homeassistant.core import HomeAssistant
 
@@ -39,7 +41,9 @@ def _prediction(intent: str) -> dict:
     }
 
 
-async def _hostile(hass: HomeAssistant, answers: list, huge: bool = False) -> tuple[str, web.AppRunner]:
+async def _hostile(
+    hass: HomeAssistant, answers: list, huge: bool = False, raw: bytes | None = None
+) -> tuple[str, web.AppRunner]:
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "model_version": "hostile@000000000000"})
 
@@ -47,6 +51,8 @@ async def _hostile(hass: HomeAssistant, answers: list, huge: bool = False) -> tu
         return web.json_response({"model": "hostile", "intents": ["lights_off", *BUILT_IN]})
 
     async def predict(request: web.Request) -> web.StreamResponse:
+        if raw is not None:
+            return web.Response(body=raw, content_type="application/json")
         if not huge:
             return web.json_response(_prediction(answers.pop(0)))
         resp = web.StreamResponse()  # no Content-Length: streamed until the client hangs up
@@ -133,6 +139,31 @@ async def test_an_answer_of_gigabytes_is_refused_unread_within_the_timeout(hass,
     assert not calls["light.turn_off"] and not calls["light.turn_on"]
     warned = [r.getMessage() for r in caplog.records if r.name.startswith("custom_components.reprogate")]
     assert any(f"more than {MAX_RESPONSE_BYTES} bytes" in w for w in warned)
+    assert not _errors(caplog)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"[" * 60_000,  # nested past Python's recursion limit, under the size bound
+        json.dumps(_prediction("lights_off")).replace("0.99", "1" + "0" * 400, 1).encode(),  # float overflows
+        json.dumps(_prediction("lights_off")).replace("0.99", "7.5", 1).encode(),  # not a probability
+    ],
+    ids=["deep", "huge number", "probability over 1"],
+)
+async def test_an_answer_that_is_not_a_prediction_runs_nothing_and_logs_no_error(
+    hass, hass_ws_client, caplog, raw
+):
+    calls = await _home(hass)
+    url, runner = await _hostile(hass, [], raw=raw)
+    try:
+        await _connect(hass, url, timeout=5.0)
+        ws = await hass_ws_client(hass)
+        said = _speech(await _say(hass, ws, "do what the server says"))
+    finally:
+        await runner.cleanup()
+    assert said == "reprogate answered something I cannot read, so I did nothing."
+    assert not calls["light.turn_off"] and not calls["light.turn_on"]
     assert not _errors(caplog)
 
 

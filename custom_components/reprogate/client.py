@@ -64,7 +64,7 @@ async def vocabulary(session: aiohttp.ClientSession, url: str, timeout: float) -
     """The intents the served model may act on (GET /version), or None when not available."""
     try:
         version = await get_json(session, f"{url.rstrip('/')}/version", timeout)
-    except (aiohttp.ClientError, TimeoutError, TooLarge, ValueError):
+    except (aiohttp.ClientError, TimeoutError, TooLarge, ValueError, RecursionError):
         return None
     intents = version.get("intents") if isinstance(version, dict) else None
     if not isinstance(intents, list) or not all(isinstance(x, str) and len(x) <= 100 for x in intents):
@@ -103,7 +103,7 @@ async def predict(session: aiohttp.ClientSession, url: str, text: str, timeout: 
             f"reprogate at {where} could not be reached ({type(e).__name__}: {e}); is `reprogate "
             "serve` running there?",
         )
-    except ValueError as e:  # the body was not JSON
+    except (ValueError, RecursionError) as e:  # the body was not JSON, or nested past Python's depth
         return Failure(
             "reprogate answered something I cannot read, so I did nothing.",
             f"reprogate at {where} answered a body that is not JSON ({e})",
@@ -114,7 +114,7 @@ async def predict(session: aiohttp.ClientSession, url: str, text: str, timeout: 
 def _answer(payload: object, where: str, truncated: bool) -> Answer | Failure:
     try:
         p = payload["predictions"][0]  # type: ignore[index]
-        return Answer(
+        answer = Answer(
             intent=str(p["intent"]),
             probability=float(p["probability"]),
             route=str(p["route"]),
@@ -124,7 +124,10 @@ def _answer(payload: object, where: str, truncated: bool) -> Answer | Failure:
             latency_ms=float(p["latency_ms"]) if p.get("latency_ms") is not None else None,
             truncated=truncated,
         )
-    except (KeyError, IndexError, TypeError, ValueError) as e:
+        if not 0.0 <= answer.probability <= 1.0 or not all(0.0 <= q <= 1.0 for _, q in answer.alternatives):
+            raise ValueError("a probability outside [0, 1]")
+        return answer
+    except (KeyError, IndexError, TypeError, ValueError, OverflowError) as e:
         return Failure(
             "reprogate answered something I cannot read, so I did nothing.",
             f"reprogate at {where} answered JSON without a prediction ({type(e).__name__}: {e}); "
