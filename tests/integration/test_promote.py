@@ -147,6 +147,11 @@ def test_promote_refuses_a_dirty_workspace_then_commits_and_tags(home):
     assert published in done.stdout
     history = run_cli("history", cwd=home, check=True).stdout
     assert f"promote {chosen} ({prod['model_version']}) to production  [files kept]" in history
+    # The same command again, before the gate reruns (it is stale only because production is now
+    # the model it chose): nothing to do, not a refusal (a retried --push takes this path too).
+    head = _git(home, "rev-parse", "HEAD")
+    again = run_cli("promote", cwd=home, env=env, check=True)
+    assert "nothing to do" in again.stdout and _git(home, "rev-parse", "HEAD") == head
     # The gate reruns against the new production and chooses the same model: promoting it again
     # adds no commit and no tag.
     _dvc(home, "repro")

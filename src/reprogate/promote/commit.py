@@ -31,6 +31,17 @@ from reprogate.utils.paths import PRODUCTION, SHIPPED
 from reprogate.utils.pause import pause_if
 
 
+def refuse_detached(root: Path) -> None:
+    """A commit made on a detached HEAD is on no branch (and `git push origin HEAD` would make a
+    branch named HEAD): refused in one paragraph."""
+    head = git.head(root)
+    if head and not git.run(root, "symbolic-ref", "-q", "HEAD", check=False):
+        raise UserError(
+            f"promotion refused: HEAD is detached (at {head[:12]}), so the promotion commit would be "
+            "on no branch; check out the branch to promote on (`git switch main`), then promote again."
+        )
+
+
 @contextmanager
 def exclusive(root: Path, git_dir: Path) -> Iterator[None]:
     path = git_dir / git.PROMOTE_LOCK

@@ -6,8 +6,8 @@ shows every output of that pipeline up to date (so the gate's evidence belongs t
 Then keeps a copy of the model's files in models/.promoted/<version>/ (git-ignored), writes
 models/production.json, commits it with every gate rule and value in the message, and
 adds an annotated tag in GTO's format `<artifact>#prod#<n>`.
-`git log -- models/production.json` is the promotion history; reverting a promotion commit
-is a rollback.
+`git log -- models/production.json` is the promotion history (promote/history.py); reverting
+a promotion commit is a rollback.
 """
 
 from __future__ import annotations
@@ -70,6 +70,23 @@ def read_decision(root: Path, fix: str, part: Part = "default") -> dict[str, Any
     return decision.model_dump(mode="json", exclude_unset=True)
 
 
+def _promoted_since(root: Path, found: dict, gate: dict[str, Any]) -> set[str]:
+    """Gates stale only because production changed to the model they chose: the promotion this
+    gate asked for was made (the same command again, a retried --push), so not a refusal."""
+    prod = read_json(root / PRODUCTION, RESTORE_PRODUCTION) if (root / PRODUCTION).is_file() else {}
+    chosen = gate["candidates"][gate["chosen"]]["model_version"]
+    if prod.get("model_version") != chosen:
+        return set()
+
+    def production_only(why: list) -> bool:
+        changed = why[0].get("changed deps", {}) if len(why) == 1 and len(why[0]) == 1 else {}
+        return bool(changed) and all(
+            k.endswith(paths.PRODUCTION.as_posix()) and v == "modified" for k, v in changed.items()
+        )
+
+    return {n for n, why in found.items() if n.split(":")[-1] == "gate" and production_only(why)}
+
+
 def plan(root: Path, part: Part = "default") -> dict[str, Any]:
     """Everything promote would write, after every refusal check."""
     gate = read_decision(root, RERUN, part)
@@ -94,7 +111,8 @@ def plan(root: Path, part: Part = "default") -> dict[str, Any]:
     pipelines = [paths.DVC_YAML] if part == "default" else [paths.DVC_YAML, dvc_cli.pipeline_file(part)]
     # A code/<stage>.json that no longer says what the code means is stale too: the workspace is
     # clean and dvc status finds nothing until stage `code` has run.
-    stale = {*dvc_cli.status(root, *pipelines), *(f"code ({s})" for s in code_records.stale(root))}
+    found = dvc_cli.status(root, *pipelines)
+    stale = {*found, *(f"code ({s})" for s in code_records.stale(root))} - _promoted_since(root, found, gate)
     if stale:
         raise UserError(
             f"promotion refused: `dvc status` shows stages out of date ({', '.join(sorted(stale))}); "
@@ -264,7 +282,7 @@ def promote(root: Path, dry_run: bool = False, push: bool = False, part: Part = 
             f"{root} is not a git repository (or git is missing): a promotion is a git commit a "
             "reviewer reads; run `git init` and commit the project, then promote."
         )
-    refuse_detached(root)
+    promote_commit.refuse_detached(root)
     if dry_run:
         said = locks.clear(root, git_dir, dry_run=True)
         if (journal := promote_commit.pending(git_dir)) is not None:
@@ -284,17 +302,6 @@ def promote(root: Path, dry_run: bool = False, push: bool = False, part: Part = 
             said = pushed + "promote: finished a promotion a killed run had begun.\n" + _done(journal, commit)
             return said + ("\n" + push_commit(root, promote_commit.tags(journal)) if push else "")
         return _fresh(root, git_dir, dry_run=False, push=push, part=part)
-
-
-def refuse_detached(root: Path) -> None:
-    """A commit made on a detached HEAD is on no branch (and `git push origin HEAD` would make a
-    branch named HEAD): refused in one paragraph."""
-    head = git.head(root)
-    if head and not git.run(root, "symbolic-ref", "-q", "HEAD", check=False):
-        raise UserError(
-            f"promotion refused: HEAD is detached (at {head[:12]}), so the promotion commit would be "
-            "on no branch; check out the branch to promote on (`git switch main`), then promote again."
-        )
 
 
 def _same_project(root: Path, journal: PromotionJournal) -> None:
