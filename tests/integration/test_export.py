@@ -6,6 +6,7 @@ candidate, and its promotion is a GTO version that gto and `dvc artifacts get` r
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -86,6 +87,16 @@ def test_export_is_deterministic(project):
     run_cli("stage", "export", "duo_int8", cwd=project, check=True)
     assert {p: sha256_file(project / p) for p in before} == before
     assert git_cmd(project, "status", "--porcelain").strip() == ""
+
+
+@pytest.mark.parametrize("damage", [b"", b"\x08\x07not a graph" * 40], ids=["empty", "garbage"])
+def test_a_damaged_onnx_graph_is_one_paragraph_naming_the_file_and_the_fix(project, tmp_path, damage):
+    copy = tmp_path / "duo_int8"
+    shutil.copytree(project / "models/duo_int8", copy)
+    (copy / "model.onnx").write_bytes(damage)
+    proc = run_cli("predict", "--model", str(copy), "turn on the lights", cwd=project)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "model.onnx" in proc.stderr and ("dvc checkout" in proc.stderr or "dvc repro" in proc.stderr)
 
 
 def test_the_export_serves_over_http_with_concurrent_requests_batched(project):
