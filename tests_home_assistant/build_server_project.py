@@ -36,8 +36,8 @@ def promote_file(root: Path, name: str) -> str:
         "model": name,
         "model_version": version,
         "artifacts": artifacts(root, name),  # every file the server loads, by sha256: serve checks them
-        "code_commit": "test",
-        "data_sha256": {"train": "x"},
+        "code_commit": "0" * 40,
+        "data_sha256": {"train": "0" * 64},
     }
     tmp = root / "models" / "production.json.tmp"
     tmp.write_text(json.dumps(record))

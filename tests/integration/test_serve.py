@@ -41,8 +41,8 @@ def _promote_by_hand(root: Path, name: str) -> None:
         "model": name,
         "model_version": model_version(root / "models" / name),
         "artifacts": artifacts(root, name),  # every file the server loads, by sha256
-        "code_commit": "test",
-        "data_sha256": {"train": "x"},
+        "code_commit": "0" * 40,
+        "data_sha256": {"train": "0" * 64},
     }
     tmp = root / "models" / "production.json.tmp"
     tmp.write_text(json.dumps(record))
@@ -78,7 +78,7 @@ def test_predict_one_and_many(client):
     assert [x["intent"] for x in r.json()["predictions"]] == ["play_music", "set_timer"]
     assert client.get("/healthz").json()["status"] == "ok"
     v = client.get("/version").json()
-    assert v["model"] == "tiny" and v["code_commit"] == "test" and "temperature" in v["calibration"]
+    assert v["model"] == "tiny" and v["code_commit"] == "0" * 40 and "temperature" in v["calibration"]
     labels = json.loads((client.app.state.holder.current.scorer.dir / "labels.json").read_text())
     assert v["intents"] == [x for x in labels if x != "out_of_scope"] and "play_music" in v["intents"]
 
