@@ -12,11 +12,11 @@ candidate runs in a process of its own (MKL reads its branch once, at load):
 - onednn_avx2: the pin, with every Linear run by oneDNN (torch.utils.mkldnn, inference only:
   the product and the encoding) under ONEDNN_MAX_CPU_ISA=AVX2.
 
-With --emulate, each candidate's digests (small inputs) are recomputed under QEMU as an Intel
+With --emulate [CANDIDATE...], those candidates' digests (small inputs) are recomputed under QEMU as an Intel
 (`-cpu Haswell-v4`) and an AMD (`-cpu EPYC-Milan`) CPU: a candidate is portable when all three
 agree, as doctor --emulate judges the pin.
 
-    python bench/gemm_price.py [--emulate] [--out bench/results/gemm_price.json]
+    python bench/gemm_price.py [--emulate [CANDIDATE...]] [--out bench/results/gemm_price.json]
 """
 
 from __future__ import annotations
@@ -177,7 +177,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker")
     parser.add_argument("--small", action="store_true")
-    parser.add_argument("--emulate", action="store_true")
+    parser.add_argument(
+        "--emulate",
+        nargs="*",
+        metavar="CANDIDATE",
+        help="judge these candidates under emulation (default, given bare: onednn_avx2; "
+        "minutes each under QEMU)",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench/results/gemm_price.json")
     args = parser.parse_args()
     if args.worker:
@@ -194,8 +200,8 @@ def main() -> None:
         }
         record["candidates"][c] = row
         print(f"{c:12} " + "  ".join(f"{w} {v['ms']} ms ({v['over_fastest']}x)" for w, v in row.items()))
-    if args.emulate:
-        for c in CANDIDATES:
+    if args.emulate is not None:
+        for c in args.emulate or ["onednn_avx2"]:
             native = _run(c, small=True)
             emulated = {v: _run(c, small=True, qemu_cpu=m) for v, m in CPUS.items()}
             digests = {
