@@ -15,7 +15,7 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: qemu test-cross-vendor venv repro repro-experiments stage-times repro-lm remote test test-long test-unit test-home-assistant bench-home-assistant lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy bench-registry bench-engines bench-lm bench-flake bench-serve bench-encoders clean
+.PHONY: qemu test-cross-vendor bench-gemm bench-adamw venv repro repro-experiments stage-times repro-lm remote test test-long test-unit test-home-assistant bench-home-assistant lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy bench-registry bench-engines bench-lm bench-flake bench-serve bench-encoders clean
 
 # Rebuilt whenever the lock or the project metadata changes. uv installs the lock (the same pins
 # pip would, in seconds instead of minutes); it reads pip's find-links (where this machine keeps
@@ -178,6 +178,15 @@ bench-engines: venv
 # the same planned budget, compared on a dev slice of train (~30 min; needs `make repro-lm` first).
 # The language model's per-process flake check: 40 fresh trainings of lm's resume-check spec
 # beside a busy loop must give one hash, and 20 kill-and-resume checks must pass (about 35 min).
+# The portable products' price against MKL's own path (a product, MiniLM encoding, an lm step),
+# and oneDNN capped at AVX2 as a candidate judged by emulation (bench/gemm_price.py).
+bench-gemm: venv qemu
+	python bench/gemm_price.py --emulate
+
+# The fused AdamW step against the default one, on the two default models' parameters.
+bench-adamw: venv
+	python bench/adamw_price.py
+
 bench-flake: venv
 	cd lm && dvc repro tokenize@gpt
 	python bench/lm_flake.py
