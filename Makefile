@@ -174,8 +174,6 @@ bench-policy: venv
 bench-engines: venv
 	python bench/engines_bench.py
 
-# The best language model five minutes train here: five sizes, 0.2M to 4M parameters, each under
-# the same planned budget, compared on a dev slice of train (~30 min; needs `make repro-lm` first).
 # The portable products' price against MKL's own path (a product, MiniLM encoding, an lm step),
 # and oneDNN capped at AVX2 as a candidate judged by emulation (bench/gemm_price.py).
 bench-gemm: venv qemu
@@ -185,6 +183,8 @@ bench-gemm: venv qemu
 bench-adamw: venv
 	python bench/adamw_price.py
 
+# The best language model five minutes train here: five sizes, 0.2M to 4M parameters, each under
+# the same planned budget, compared on a dev slice of train (~30 min; needs `make repro-lm` first).
 # The language model's per-process flake check: 40 fresh trainings of lm's resume-check spec
 # beside a busy loop must give one hash, and 20 kill-and-resume checks must pass (about 35 min).
 bench-flake: venv
