@@ -249,8 +249,17 @@ def load_servable(root: Path, model_dir: Path | None = None, device: str = "auto
         raise UserError(
             f"{model_dir}: no calibration.json; run `dvc repro calibrate@{model_dir.name}` first."
         )
+    scorer = open_scorer(root, model_dir.name, model_dir, device=device, members_dir=members_dir)
+    loaded = Loaded(
+        name=model_dir.name,
+        version=record.model_version if record else model_version(model_dir),
+        scorer=scorer,
+        policy=Policy.load(model_dir / "calibration.json"),
+        record=record,
+        source_sha256=source,
+    )
     try:
-        scorer = open_scorer(root, model_dir.name, model_dir, device=device, members_dir=members_dir)
+        loaded.predict(["warm up"])  # first-call costs (allocations, lazy imports) happen here
     except Exception as e:  # noqa: BLE001 - ONNX Runtime's own errors derive from Exception alone
         if not type(e).__module__.startswith("onnxruntime"):
             raise
@@ -260,13 +269,4 @@ def load_servable(root: Path, model_dir: Path | None = None, device: str = "auto
             f"is damaged or not an export. `dvc checkout {model_dir}` restores what DVC cached, or "
             f"`dvc repro export@{model_dir.name}` exports it again."
         ) from None
-    loaded = Loaded(
-        name=model_dir.name,
-        version=record.model_version if record else model_version(model_dir),
-        scorer=scorer,
-        policy=Policy.load(model_dir / "calibration.json"),
-        record=record,
-        source_sha256=source,
-    )
-    loaded.predict(["warm up"])  # first-call costs (allocations, lazy imports) happen here
     return loaded
