@@ -21,7 +21,7 @@ from reprogate.records import runlog
 from reprogate.utils import dvc_cli
 from tests.conftest import IDENTITY, REPO, copy_home, dvc_cmd, dvc_status, git_cmd, run_cli, stages_run
 
-VENV = Path(sys.executable).resolve().parent.parent
+VENV = Path(sys.prefix)  # the virtual environment running the tests (its python may be a symlink out of it)
 GIT_ID = IDENTITY
 
 
