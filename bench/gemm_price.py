@@ -68,7 +68,9 @@ def _gemm(onednn: bool, reps: int):
     lin = torch.nn.Linear(384, 1536, bias=False)
     lin.weight.data.copy_(w)
     if onednn:
-        lin = torch.utils.mkldnn.to_mkldnn(lin)
+        from torch.utils import mkldnn as onednn_modules
+
+        lin = onednn_modules.to_mkldnn(lin)
     with torch.inference_mode():
         return _time(lambda: lin(x), reps), _digest(lin(x))
 
@@ -104,7 +106,9 @@ def _minilm(onednn: bool, n: int, reps: int):
     folder = resolve_encoder_path(ENCODER, REPO)
     tok, model = AutoTokenizer.from_pretrained(folder), AutoModel.from_pretrained(folder).eval()
     if onednn:
-        model = torch.utils.mkldnn.to_mkldnn(model)
+        from torch.utils import mkldnn as onednn_modules
+
+        model = onednn_modules.to_mkldnn(model)
     batch = tok(_queries(n), padding=True, truncation=True, max_length=64, return_tensors="pt")
     with torch.inference_mode():
         return _time(lambda: model(**batch), reps), _digest(model(**batch).last_hidden_state)
