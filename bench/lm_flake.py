@@ -85,7 +85,7 @@ def main() -> int:
         "resume_checks_passed": sum(c["passed"] for c in checks),
         "resume_checks": len(checks),
         "failed_fields": sorted({f for c in checks for f in c["failed_fields"]}),
-        "cpu": numerics.cpu_name(),
+        "cpu": f"{numerics.cpu().vendor} {numerics.cpu().brand}",
         "pin": os.environ.get(numerics.PINNED_ENV),
         "seconds": round(time.perf_counter() - started, 1),
     }
