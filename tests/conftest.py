@@ -168,7 +168,6 @@ def write_model_spec(root: Path, name: str, spec: dict) -> Path:
 def write_tiny_bert(root: Path, out: Path) -> None:
     """A 2-layer BERT (hidden size 32) over the words of the project's raw files, saved as a
     Hugging Face folder: an encoder that needs no download and no model package."""
-    import json
     import re
 
     import torch
@@ -220,8 +219,7 @@ def stages_run(dvc_output: str) -> list[str]:
 
 def dvc_status(root: Path) -> dict:
     """`dvc status --json` without stage `code`'s "always changed" (clean: {})."""
-    found = json.loads(dvc_cmd(root, "status", "--json") or "{}")
-    return {k: v for k, v in found.items() if v != ["always changed"]}
+    return dvc_cli.status(root)
 
 
 def build_home_pipeline(dest: Path) -> Path:
@@ -312,6 +310,16 @@ def copy_home(home_pipeline: Path, dest: Path) -> Path:
 
 # The language-model fixture corpus (tests/fixtures/lm) and a CI-sized model of it.
 FIXTURE_SHA = "2422657bc7b644b31019286f6c6b795df70af3b05055e2725303c8a4dc8fc40e"
+# The fixture corpus as a text spec reads it from a project's raw/ folder.
+TINY_TEXT = {
+    "kind": "text",
+    "id": "tiny",
+    "origins": {
+        "fixture": {"source": {"kind": "local", "path": "raw"}, "files": {"corpus.txt": FIXTURE_SHA}}
+    },
+    "corpus": [{"origin": "fixture", "file": "corpus.txt"}],
+    "split": {"kind": "tail", "validation": 0.15},
+}
 
 
 TINY_GPT = {

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from reprogate.pipeline import emulate
-from tests.conftest import BIN, FIXTURE_SHA, REPO, TINY_GPT, make_home_project, run_cli, write_model_spec
+from tests.conftest import BIN, REPO, TINY_GPT, TINY_TEXT, make_home_project, run_cli, write_model_spec
 
 pytestmark = pytest.mark.long
 
@@ -76,16 +76,7 @@ def test_a_language_model_updates_to_the_same_bits_as_an_emulated_intel(qemu, tm
     shutil.copytree(REPO / "lm" / "specs", lm / "specs")
     shutil.copy(REPO / "lm" / "params.yaml", lm / "params.yaml")
     shutil.copytree(FIXTURE.parent, lm / "raw")
-    text = {
-        "kind": "text",
-        "id": "tiny",
-        "origins": {
-            "fixture": {"source": {"kind": "local", "path": "raw"}, "files": {"corpus.txt": FIXTURE_SHA}}
-        },
-        "corpus": [{"origin": "fixture", "file": "corpus.txt"}],
-        "split": {"kind": "tail", "validation": 0.15},
-    }
-    (lm / "specs/data/tiny.yaml").write_text(yaml.safe_dump(text, sort_keys=False))
+    (lm / "specs/data/tiny.yaml").write_text(yaml.safe_dump(TINY_TEXT, sort_keys=False))
     gpt = {k: v for k, v in TINY_GPT.items() if k != "budget"} | {"steps": 6}
     gpt["checkpoint"] = {"every_steps": 3, "keep": 2}
     (lm / "specs/models/gpt.yaml").write_text(yaml.safe_dump(gpt, sort_keys=False))

@@ -22,10 +22,10 @@ from reprogate.specs.model import ModelSpec
 from reprogate.train import resume_check
 from tests.conftest import (
     BIN,
-    FIXTURE_SHA,
     OLDER_CPU,
     REPO,
     TINY_GPT,
+    TINY_TEXT,
     as_another_machine,
     copy_project,
     git_cmd,
@@ -50,16 +50,7 @@ def lm_project(tmp_path_factory) -> Path:
     lm = repo / "lm"
     (lm / "raw").mkdir()
     (lm / "raw" / "corpus.txt").write_bytes(FIXTURE.read_bytes())
-    text = {
-        "kind": "text",
-        "id": "tiny",
-        "origins": {
-            "fixture": {"source": {"kind": "local", "path": "raw"}, "files": {"corpus.txt": FIXTURE_SHA}}
-        },
-        "corpus": [{"origin": "fixture", "file": "corpus.txt"}],
-        "split": {"kind": "tail", "validation": 0.15},
-        "samples": {"prompts": ["The ", "A"], "max_new_tokens": 12, "seed": 3},
-    }
+    text = {**TINY_TEXT, "samples": {"prompts": ["The ", "A"], "max_new_tokens": 12, "seed": 3}}
     (lm / "specs" / "data" / "tiny.yaml").write_text(yaml.safe_dump(text, sort_keys=False))
     (lm / "specs" / "models" / "gpt.yaml").write_text(yaml.safe_dump(TINY_GPT, sort_keys=False))
     gate = {"kind": "gate", "thresholds": {"val_bits_per_char_max": 6.0}}  # a few seconds of training

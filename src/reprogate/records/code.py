@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reprogate.records.base import Record, dumps, parse
+from reprogate.records.base import Record, parse
 from reprogate.utils import imports, paths
 
 
@@ -23,10 +23,6 @@ class CodeIdentity(Record):
 def current(stage: str) -> CodeIdentity:
     identity, meanings = imports.stage_identity(stage)
     return CodeIdentity(stage=stage, identity=identity, modules=meanings)
-
-
-def text(stage: str) -> str:
-    return dumps(current(stage))
 
 
 def changed(old: CodeIdentity | None, new: CodeIdentity) -> list[str]:

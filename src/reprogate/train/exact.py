@@ -41,7 +41,7 @@ def _pairs(seed: int) -> tuple[np.ndarray, np.ndarray]:
     b = _f32(rng.integers(0x20000000, 0x5F000000, 3 * N, dtype=np.int64))
     q = (a.astype(np.float64) / b.astype(np.float64)).astype(np.float32).astype(np.float64)
     up = np.nextafter(q.astype(np.float32), np.float32(np.inf)).astype(np.float64)
-    a_hard = (((q + up) / 2) * b[: len(q)].astype(np.float64)).astype(np.float32)
+    a_hard = (((q + up) / 2) * b.astype(np.float64)).astype(np.float32)
     return np.concatenate([a, a_hard]), np.concatenate([b, b])
 
 

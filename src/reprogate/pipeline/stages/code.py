@@ -13,7 +13,7 @@ from typing import Any
 from reprogate.pipeline.context import Context, Result
 from reprogate.pipeline.kinds import KINDS
 from reprogate.records import code
-from reprogate.records.base import parse
+from reprogate.records.base import dumps, parse
 from reprogate.specs.pipeline import Pipeline, pipeline_kind
 from reprogate.utils import paths
 
@@ -44,6 +44,6 @@ def run(ctx: Context) -> Result:
             what = f"{', '.join(moved[:3])}{', ...' if len(moved) > 3 else ''}" if saved else "new"
             changed.append(f"{stage} ({what})")
             f.parent.mkdir(parents=True, exist_ok=True)
-            f.write_text(code.text(stage))
+            f.write_text(dumps(new))
     said = f"{len(changed)} changed: {'; '.join(changed)}" if changed else "every stage's code as before"
     return Result(f"code: {said}")
