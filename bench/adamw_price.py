@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 def _models():
     from reprogate.models.causal_lm import CausalLm
     from reprogate.models.ngram import NgramClassifier
-    from reprogate.specs.lm import CausalLmConfig
+    from reprogate.specs.families.causal_lm import CausalLmConfig
 
     cfg = CausalLmConfig(n_layer=2, n_head=4, d_model=96, context=64, mlp="swiglu", dropout=0.0)
     return {

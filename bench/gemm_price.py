@@ -100,7 +100,7 @@ def _minilm(onednn: bool, n: int, reps: int):
     import torch
     from transformers import AutoModel, AutoTokenizer
 
-    from reprogate.specs.loader import resolve_encoder_path
+    from reprogate.specs.families.encoder import resolve_encoder_path
     from reprogate.train.probe import ENCODER
 
     folder = resolve_encoder_path(ENCODER, REPO)
@@ -119,7 +119,7 @@ def _lm_step(steps: int, reps: int):
     import torch.nn.functional as F
 
     from reprogate.models.causal_lm import CausalLm
-    from reprogate.specs.lm import CausalLmConfig
+    from reprogate.specs.families.causal_lm import CausalLmConfig
     from reprogate.train.probe import fill, ints
 
     cfg = CausalLmConfig(n_layer=2, n_head=4, d_model=96, context=64, mlp="swiglu", dropout=0.0)

@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 
 from reprogate.models.ensemble import Neighbours
 from reprogate.predict.combine import fit_weights
-from reprogate.specs.model import NeighboursConfig
+from reprogate.specs.families.ensemble import NeighboursConfig
 
 SIZE = 0.8
 GRID = [(k, t) for k in (10, 30, 50) for t in (0.02, 0.03, 0.05)]

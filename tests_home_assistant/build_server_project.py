@@ -14,11 +14,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from reprogate.folder.files import model_version  # noqa: E402
 from reprogate.predict import calibrate  # noqa: E402
 from reprogate.promote.promotion import artifacts  # noqa: E402
 from reprogate.train import job  # noqa: E402
 from reprogate.train import run as training  # noqa: E402
-from reprogate.train.folder import model_version  # noqa: E402
 from tests.conftest import TINY_NGRAM, make_home_project, write_model_spec  # noqa: E402
 
 SPECS = {

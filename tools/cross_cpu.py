@@ -34,7 +34,7 @@ def normalised(env: dict[str, str | None]) -> dict[str, str]:
 
 def probe(shared: Path) -> dict:
     from reprogate.runtime import numerics
-    from reprogate.specs.loader import resolve_encoder_path
+    from reprogate.specs.families.encoder import resolve_encoder_path
 
     numerics.pin(ROOT)  # this process's environment becomes the pin; torch is not loaded here
     cmd = [sys.executable, str(shared / "numeric_probe.py"), "--threads", "2"]

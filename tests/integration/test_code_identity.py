@@ -56,11 +56,8 @@ def test_comments_rerun_nothing_and_a_real_change_reruns_its_stages(home_pipelin
 
     # A real change: what calibration computes with. Exactly the stages whose code runs it go stale.
     _edit(root, "predict/calibration.py", lambda s: s + "\nBINS_NOTE = 15\n")
-    runs_it = {
-        f.stem
-        for f in (root / "code").glob("*.json")
-        if "reprogate.predict.calibration" in json.loads(f.read_text())["modules"]
-    }
+    identities = [json.loads(f.read_text()) for f in (root / "code").glob("**/*.json")]
+    runs_it = {i["stage"] for i in identities if "reprogate.predict.calibration" in i["modules"]}
     assert runs_it and "prepare" not in runs_it
     env = {**os.environ, "PYTHONPATH": str(root / "src")}
     subprocess.run([str(BIN / "reprogate"), "stage", "code"], cwd=root, env=env, check=True)
@@ -82,4 +79,4 @@ def test_status_says_each_pipeline_is_up_to_date_or_what_builds_it(home_pipeline
     env = {"PYTHONPATH": str(root / "src")}
     said = run_cli("status", cwd=root, env=env)
     assert said.returncode == 1 and "out of date or not built" in said.stdout
-    assert "calibrate (its code)" in said.stdout and "`make repro` builds them" in said.stdout
+    assert "calibrate/ngram (its code)" in said.stdout and "`make repro` builds them" in said.stdout

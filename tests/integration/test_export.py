@@ -17,9 +17,9 @@ from conftest import BIN, IDENTITY, REPO, copy_home, dvc_cmd, git_cmd, run_cli, 
 from fastapi.testclient import TestClient
 from safetensors.torch import load_file
 
+from reprogate.folder.scorer import Scorer
 from reprogate.predict.production import load_servable
 from reprogate.serve.app import create_app
-from reprogate.train.folder import Scorer
 from reprogate.utils.hashing import sha256_file
 
 
@@ -160,7 +160,7 @@ def test_a_fine_tuned_encoder_exports_to_the_logits_torch_computes(tmp_path, mod
     from reprogate.export.onnx_file import to_onnx
     from reprogate.export.runtime import INPUTS, Runtime
     from reprogate.models import encoder
-    from reprogate.specs.export import ExportConfig
+    from reprogate.specs.families.export import ExportConfig
     from reprogate.specs.model import ModelSpec
 
     spec = ModelSpec.model_validate(

@@ -25,12 +25,12 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from reprogate.folder.files import model_version
 from reprogate.predict import calibrate, combine
 from reprogate.promote.promotion import artifacts
 from reprogate.serve.app import MAX_BATCH, MAX_BODY_BYTES, MAX_TEXT_CHARS, create_app
 from reprogate.train import job
 from reprogate.train import run as training
-from reprogate.train.folder import model_version
 from reprogate.utils.errors import UserError
 from tests.conftest import BIN, TINY_NGRAM, make_home_project, write_model_spec
 
@@ -272,8 +272,8 @@ def _duo_project(tmp_path: Path) -> Path:
 
 
 def test_production_is_served_only_from_the_promoted_files(tmp_path):
+    from reprogate.folder.scorer import Scorer
     from reprogate.predict.production import load_servable
-    from reprogate.train.folder import Scorer
 
     root = _duo_project(tmp_path)
     _promote_by_hand(root, "tiny")
@@ -611,7 +611,7 @@ def test_promotion_without_room_for_the_copy_is_refused_cleanly(project):
 
 def test_a_neighbour_vote_is_the_softmax_of_its_nearest_similarities(tmp_path):
     from reprogate.models.ensemble import FLOOR, Neighbours
-    from reprogate.specs.model import NeighboursConfig
+    from reprogate.specs.families.ensemble import NeighboursConfig
 
     memory = torch.tensor([[1.0, 0.0], [0.0, 2.0], [0.9, 0.1], [0.0, -1.0]])
     labels = torch.tensor([0, 1, 0, 2])
@@ -650,10 +650,10 @@ def _frozen(**changes) -> dict:
 
 
 def test_an_ensemble_with_a_neighbour_vote_answers_as_it_was_evaluated(tmp_path):
+    from reprogate.folder.scorer import Scorer
     from reprogate.models.ensemble import MEMORY
     from reprogate.specs.loader import load_spec
     from reprogate.specs.model import ModelSpec
-    from reprogate.train.folder import Scorer
     from reprogate.utils.jsonl import read_jsonl
     from tests.conftest import run_cli
 

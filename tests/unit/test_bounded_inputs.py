@@ -181,8 +181,8 @@ def test_reading_queries_streams_in_bounded_memory(tmp_path):
 def test_healthz_clears_a_reload_error_once_the_record_is_restored(project):
     from fastapi.testclient import TestClient
 
+    from reprogate.folder.files import model_version
     from reprogate.serve.app import create_app
-    from reprogate.train.folder import model_version
 
     record = project / "models" / "production.json"
     from reprogate.promote.promotion import artifacts

@@ -1,6 +1,7 @@
-"""dvc.yaml's code dependencies: every stage depends on code/<stage>.json, and every module the
-stage runs is in that identity, so a real change to it reruns the stage (and nothing else's
-change does). The closure here is computed independently of utils/imports.py."""
+"""dvc.yaml's code dependencies: every stage depends on code/<stage>.json (a stage that runs for
+each model, on code/<stage>/<family>.json), and every module the stage runs is in that identity,
+so a real change to it reruns the stage (and nothing else's change does). The closure here is
+computed independently of utils/imports.py; where a family's code is, its declaration says."""
 
 from __future__ import annotations
 
@@ -12,14 +13,23 @@ import pytest
 import yaml
 
 from reprogate.records import code
+from reprogate.specs.family import family
+from reprogate.specs.loader import load_spec
+from reprogate.specs.model import ModelSpec
+from reprogate.utils import imports
 from tests.conftest import REPO
+
+
+def _spec(model: str) -> Path:
+    return REPO / "specs" / "models" / f"{model}.yaml"
+
 
 PKG = REPO / "src" / "reprogate"
 STAGES = PKG / "pipeline" / "stages"
-# Modules that pick one of several modules by name at run time: only their module-level
-# imports always run. The picked module is the family's own (models/<family>.py). (The stage
-# runner, pipeline/runner.py, picks the stage's module and is no stage's dependency.)
-DISPATCH = {PKG / "models" / "__init__.py"}
+# Modules that pick one of several modules by name at run time: none. A family's parts are named
+# by its declaration (specs/families/) and imported where a stage calls them; the stage runner,
+# pipeline/runner.py, picks the stage's module and is no stage's dependency.
+DISPATCH: set[Path] = set()
 
 
 def _module_file(parts: list[str]) -> Path:
@@ -79,14 +89,15 @@ def _stage_instances() -> list:
             for key, item in st["foreach"].items():
                 deps = [d.replace("${key}", key) for d in st["do"].get("deps", [])]
                 deps = [d.replace("${item.family}", (item or {}).get("family", "")) for d in deps]
+                deps = [d.replace("${item.code}", (item or {}).get("code", "")) for d in deps]
                 address = f"{where}{name}@{key}"
                 out.append(pytest.param(f"{name}@{key}", st["do"]["cmd"], item, deps, id=address))
     return out
 
 
-def _identity_files(name: str) -> set[str]:
-    """The source files code/<name>.json covers, as paths from the repository."""
-    modules = json.loads((REPO / "code" / f"{name}.json").read_text())["modules"]
+def _identity_files(rel: str) -> set[str]:
+    """The source files code/<rel>.json covers, as paths from the repository."""
+    modules = json.loads((REPO / "code" / f"{rel}.json").read_text())["modules"]
     out = set()
     for m in modules:
         f = _module_file(m.split(".")[1:])
@@ -101,12 +112,18 @@ def test_every_module_a_stage_runs_is_in_its_code_identity(stage, cmd, item, dep
         assert not deps, "stage code runs every time; it depends on nothing"
         return
     start = _with_packages(STAGES / f"{name}.py")
-    if item and item.get("family") and item["family"] != "export":  # models.FAMILIES picks by family
-        start.add(PKG / "models" / f"{item['family']}.py")
+    rel = _rel(cmd, item)
+    if item:  # the stage runs its model's family's parts, and those of what it is built from
+        built_from = {item[k] for k in ("m1", "m2", "m3", "m4", "source") if k in item}
+        families = {item["family"], *(load_spec(_spec(m), ModelSpec).family for m in built_from)}
+        parts = imports.stage_parts(name)  # the family's parts the stage runs (None: all)
+        for f in families:
+            for m in family(f).references_to_code(parts):
+                start |= _with_packages(_module_file(m.split(".")[1:]))
     needed = {str(f.relative_to(REPO)) for f in _closure(start)} - {"src/reprogate/__init__.py"}
-    missing = sorted(needed - _identity_files(name))
-    assert not missing, f"{stage} runs {missing} but code/{name}.json does not cover them"
-    assert f"code/{name}.json" in deps, f"{stage} would not rerun when its code's meaning changes"
+    missing = sorted(needed - _identity_files(rel))
+    assert not missing, f"{stage} runs {missing} but code/{rel}.json does not cover them"
+    assert f"code/{rel}.json" in deps, f"{stage} would not rerun when its code's meaning changes"
     assert "requirements.lock" in deps, f"{stage} would not rerun when a locked package changes"
 
 
@@ -134,13 +151,19 @@ TRAINING_SIDE = {"prepare", "augment", "features", "train", "combine", "export",
 @pytest.mark.parametrize("stage,cmd,item,deps", _stage_instances())
 def test_no_training_side_stage_depends_on_the_gate(stage, cmd, item, deps):
     if cmd.split()[2] in TRAINING_SIDE:
-        runs = _identity_files(cmd.split()[2])
+        runs = _identity_files(_rel(cmd, item))
         assert not JUDGING & runs, f"{stage} reruns when the gate changes: {sorted(JUDGING & runs)}"
 
 
+def _rel(cmd: str, item: dict | None) -> str:
+    """The identity file a stage instance depends on: code/<rel>.json."""
+    name = cmd.split()[2]
+    return f"{name}/{item['code']}" if item else name
+
+
 def _dependents(module: str) -> set[str]:
-    stages = {p.values[1].split()[2] for p in _stage_instances()} - {"code"}
-    return {s for s in stages if module in _identity_files(s)}
+    instances = [(p.values[1], p.values[2]) for p in _stage_instances() if p.values[1].split()[2] != "code"]
+    return {cmd.split()[2] for cmd, item in instances if module in _identity_files(_rel(cmd, item))}
 
 
 def test_a_threshold_edit_reruns_only_the_stages_that_judge():

@@ -75,9 +75,10 @@ def test_compile_declares_the_export_stage_its_weights_file_and_every_model_as_a
     dvc = yaml.safe_load(render(project))
     export = dvc["stages"]["export"]
     assert export["foreach"] == {
-        "fast": {"family": "export", "source": "ensemble", "m1": "ngram", "m2": "minilm_frozen"}
-        | {"m3": "minilm_frozen", "m4": "minilm_frozen"}
+        "fast": {"family": "export", "code": "export", "source": "ensemble", "m1": "ngram"}
+        | {"m2": "minilm_frozen", "m3": "minilm_frozen", "m4": "minilm_frozen"}
     }
+    assert "code/export/${item.code}.json" in export["do"]["deps"]
     assert "models/${key}/model.onnx" in export["do"]["outs"]
     assert "fast" not in dvc["stages"]["train"]["foreach"]
     assert "fast" not in dvc["stages"]["resume_check"]["foreach"]

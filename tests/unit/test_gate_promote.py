@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from reprogate.folder.files import model_version
 from reprogate.pipeline.kinds import CLASSIFIER
 from reprogate.pipeline.stages import gate
 from reprogate.predict import calibrate
@@ -28,7 +29,6 @@ from reprogate.predict.calibration import (
 )
 from reprogate.specs.gate import GateSpec
 from reprogate.train import run as training
-from reprogate.train.folder import model_version
 from reprogate.utils.errors import UserError
 from tests.conftest import make_home_project, run_cli
 

@@ -3,11 +3,16 @@ real change moves. DVC compares it (code/<stage>.json) and training's fingerprin
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from reprogate.pipeline import compile as compile_dvc
+from reprogate.specs.loader import load_spec
+from reprogate.specs.model import ModelSpec
 from reprogate.train import run
 from reprogate.utils import imports
+from tests.conftest import REPO
 
 BASE = '''"""A module."""
 
@@ -57,9 +62,12 @@ def test_a_real_change_moves_the_identity(edit):
 
 
 def test_training_fingerprint_holds_the_identity_dvc_compares():
-    identity, modules = imports.stage_identity("train")
-    assert run.code_hash() == identity
+    spec = load_spec(REPO / "specs" / "models" / "ngram.yaml", ModelSpec)
+    committed = json.loads((REPO / "code" / "train" / "ngram.json").read_text())
+    assert run.code_hash(spec) == committed["identity"]
+    modules = committed["modules"]
     assert "reprogate.train.trainer" in modules and "reprogate.pipeline.stages.train" in modules
+    assert "reprogate.models.ngram" in modules and "reprogate.models.encoder" not in modules
 
 
 def test_resume_check_covers_the_training_it_runs():
@@ -67,7 +75,8 @@ def test_resume_check_covers_the_training_it_runs():
 
 
 def test_every_stage_depends_on_its_identity_not_its_source(tmp_path):
-    deps = compile_dvc.code("evaluate", None)
-    assert deps == ["requirements.lock", "code/evaluate.json"]
+    deps = compile_dvc.code("evaluate", None, per_model=True)
+    assert deps == ["requirements.lock", "code/evaluate/${item.code}.json"]
+    assert compile_dvc.code("gate", None) == ["requirements.lock", "code/gate.json"]
     assert compile_dvc.code("code", None) == []
     assert not any(d.startswith("src/") for d in deps)

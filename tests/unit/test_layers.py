@@ -13,7 +13,7 @@ from reprogate.utils import imports
 # The packages from the bottom: the folder tree is the layer list. A module may import its own
 # package and the packages below it, never one above; `__main__` is the entry point above all.
 PACKAGES = [
-    "utils", "specs", "records", "runtime", "models", "data", "train", "lm", "export", "predict",
+    "utils", "specs", "records", "runtime", "models", "data", "folder", "train", "lm", "export", "predict",
     "pipeline",
     "promote", "registry", "report", "serve", "cli", "__main__",
 ]  # fmt: skip
@@ -129,3 +129,11 @@ def test_files_and_functions_stay_small(module):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             n = node.end_lineno - node.lineno + 1
             assert n <= 80, f"{_file(module)}:{node.lineno} {node.name} has {n} lines (at most 80)"
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if package(m) in ("predict", "serve")])
+def test_serving_never_enters_training(module):
+    # What answers a query opens a model folder (folder/, lm/folder.py); the training loop, its
+    # checkpoints and ranks are no part of it, not even through another package.
+    entered = sorted(m for m in imports.closure(module) if package(m) == "train")
+    assert entered == [], f"{module} reaches {entered}"

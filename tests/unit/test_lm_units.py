@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from reprogate.lm import corpus
 from reprogate.lm import scoring as lm_eval
 from reprogate.models.causal_lm import CausalLm
-from reprogate.specs.lm import CausalLmConfig, PlanSpec
+from reprogate.specs.families.causal_lm import CausalLmConfig
+from reprogate.specs.lm import PlanSpec
 from reprogate.specs.loader import load_spec
 from reprogate.specs.model import ModelSpec
 from reprogate.specs.text import TextSpec
@@ -73,7 +74,7 @@ def _cut(part: str, chunks: list[str]) -> list[str]:
 def test_bpe_tokenizer_is_byte_identical_across_processes(tmp_path):
     script = (
         "import sys; from reprogate.lm.tokenizer import train;"
-        "from reprogate.specs.lm import TokenizerConfig;"
+        "from reprogate.specs.families.causal_lm import TokenizerConfig;"
         "t = open(sys.argv[1]).read();"
         "sys.stdout.write(train(TokenizerConfig(kind='bpe', vocab_size=300), t, t).to_json())"
     )
@@ -90,7 +91,7 @@ def test_bpe_tokenizer_is_byte_identical_across_processes(tmp_path):
 @pytest.mark.parametrize("kind", ["char", "bpe"])
 def test_tokenizers_round_trip(kind):
     from reprogate.lm.tokenizer import load, train
-    from reprogate.specs.lm import TokenizerConfig
+    from reprogate.specs.families.causal_lm import TokenizerConfig
 
     text = FIXTURE.read_text()
     cfg = TokenizerConfig(kind=kind, vocab_size=300 if kind == "bpe" else None)

@@ -134,7 +134,10 @@ def test_compile_refuses_an_ensemble_whose_members_are_not_run(tmp_path):
     params = yaml.safe_load((root / "params.yaml").read_text())
     (root / "params.yaml").write_text(yaml.safe_dump(dict(params, models=["ngram", "ensemble"])))
     proc = run_cli("compile", cwd=root)
-    assert proc.returncode == 2 and "ensemble.members ['minilm_frozen'] are not in params.yaml" in proc.stderr
+    assert (
+        proc.returncode == 2
+        and "is built from ['minilm_frozen'], which are not in params.yaml" in proc.stderr
+    )
 
 
 def test_compile_names_a_missing_production_record_and_its_fix(tmp_path):

@@ -18,7 +18,7 @@ def _plan(args: argparse.Namespace) -> int:
     from reprogate.specs.loader import load_spec
     from reprogate.specs.model import ModelSpec
     from reprogate.train.plan import measure
-    from reprogate.train.run import Paths, Setup
+    from reprogate.train.runs import Paths
 
     root = find_root(Path.cwd())
     if args.spec is None:
@@ -27,12 +27,13 @@ def _plan(args: argparse.Namespace) -> int:
     if not spec.exists() and (root / "specs" / "models" / f"{args.spec}.yaml").is_file():
         spec = root / "specs" / "models" / f"{args.spec}.yaml"  # a model name, as the stages take
     spec_obj = load_spec(spec, ModelSpec)
-    if spec_obj.ensemble is not None:
+    declared = spec_obj.family_def
+    if not declared.trained:
         raise UserError(
-            f"{spec}: an ensemble is not trained (combine@{spec.stem} fits its member weights in "
-            f"seconds); plan its members instead: {', '.join(spec_obj.ensemble.members)}."
+            f"{spec}: family {spec_obj.family} is not trained ({declared.built_by}@{spec.stem} builds it "
+            f"in seconds); plan what it is built from instead: {', '.join(declared.sources(spec_obj))}."
         )
-    if spec_obj.family == "causal_lm" and args.write:
+    if declared.planned and args.write:
         from reprogate.lm.plan import write_plan
 
         print(write_plan(root, spec.resolve()))
@@ -42,12 +43,9 @@ def _plan(args: argparse.Namespace) -> int:
             f"{spec}: --write fixes the updates of a language model's budget.train_minutes; a "
             f"{spec_obj.family} run's length is its steps or epochs. Plan without --write."
         )
-    if spec_obj.family == "causal_lm":
-        from reprogate.lm.training import LmSetup
-
-        setup = LmSetup(root, Paths.for_model(root, spec.stem, spec), planning=True)
-    else:
-        setup = Setup(root, Paths.for_model(root, spec.stem, spec))
+    setup_class = declared.part("setup")
+    planning = {"planning": True} if declared.planned else {}
+    setup = setup_class(root, Paths.for_model(root, spec.stem, spec), **planning)
     line = measure(setup).line()
     if setup.spec.processes > 1:  # what `stage train` measures in all its ranks before it starts
         line += (

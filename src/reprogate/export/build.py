@@ -21,13 +21,14 @@ from reprogate.export.graph import Input, build_graph
 from reprogate.export.onnx_file import to_onnx
 from reprogate.export.runtime import INPUTS, ONNX
 from reprogate.export.scorer import ExportScorer
+from reprogate.folder.files import clear, model_version
+from reprogate.folder.scorer import Scorer
 from reprogate.records.base import write
 from reprogate.records.export import Agreement, ExportRecord
 from reprogate.records.train import Fingerprint, ModelConfig
 from reprogate.specs.base import spec_hash
 from reprogate.specs.loader import load_spec
 from reprogate.specs.model import ModelSpec
-from reprogate.train.folder import Scorer, clear, model_version
 from reprogate.utils import paths
 from reprogate.utils.errors import UserError
 from reprogate.utils.hashing import sha256_file

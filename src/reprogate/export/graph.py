@@ -14,10 +14,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from reprogate.folder.scorer import Scorer
 from reprogate.models.encoder import EmbeddingFeaturizer, EncoderClassifier, TokenFeaturizer
 from reprogate.models.ensemble import FLOOR, EnsembleFeaturizer, Neighbours
 from reprogate.models.ngram import NgramClassifier, NgramFeaturizer
-from reprogate.train.folder import Scorer
 from reprogate.utils.errors import UserError
 
 

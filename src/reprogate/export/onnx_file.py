@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from reprogate.export.graph import Graph, Input
-from reprogate.specs.export import ExportConfig
+from reprogate.specs.families.export import ExportConfig
 
 # Example sizes, all distinct and above 1, so the exporter keeps every dimension symbolic.
 BATCH, LENGTHS = 3, (11, 17, 23, 29)

@@ -1,5 +1,5 @@
 """An exported model folder with the interface calibrate, evaluate and serving read
-(train/folder.Scorer's): labels, the calibrated temperature, logits of prepared splits and of
+(folder/scorer.Scorer's): labels, the calibrated temperature, logits of prepared splits and of
 raw texts. Every logit comes from the exported runtime: a split's from the cache export@m
 filled by running it (data/features/<m>/), a query's from running it again.
 """
@@ -12,11 +12,11 @@ import torch
 
 from reprogate.data.prepared import split_features
 from reprogate.export.runtime import Runtime
+from reprogate.folder.files import damaged, read_calibration
 from reprogate.records.base import load
 from reprogate.records.train import Fingerprint, ModelConfig
 from reprogate.specs.base import OOS_LABEL
 from reprogate.specs.model import ModelSpec
-from reprogate.train.folder import damaged, read_calibration
 from reprogate.utils import paths
 from reprogate.utils.errors import UserError, read_json
 
@@ -55,7 +55,14 @@ class RuntimeFeaturizer:
 class ExportScorer:
     """models/<m>/ of family export, scored by ONNX Runtime on the CPU."""
 
-    def __init__(self, root: Path, name: str, model_dir: Path | None = None, device: str | None = None):
+    def __init__(
+        self,
+        root: Path,
+        name: str,
+        model_dir: Path | None = None,
+        device: str | None = None,
+        members_dir: Path | None = None,  # unused: the graph holds its members
+    ):
         self.root, self.name = root, name
         self.dir = model_dir or root / paths.model_dir(name)
         config = load(self.dir / "config.json", ModelConfig, damaged(self.dir))

@@ -10,9 +10,11 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from reprogate.folder.files import model_version
 from reprogate.lm import scoring as lm_eval
+from reprogate.lm.folder import load_lm
 from reprogate.lm.tokenizer import LmTokenizer
-from reprogate.lm.training import load_lm, planned_steps
+from reprogate.lm.training import planned_steps
 from reprogate.records.base import load, write
 from reprogate.records.lm import LmEvalMetrics, LmEvaluation, LmSet, SampleLine
 from reprogate.records.train import Fingerprint
@@ -20,7 +22,6 @@ from reprogate.runtime.device import scoring_device, seed_everything
 from reprogate.specs.loader import load_spec
 from reprogate.specs.model import ModelSpec
 from reprogate.specs.text import TextSpec
-from reprogate.train.folder import model_version
 from reprogate.utils import jsonl, paths
 from reprogate.utils.console import say
 from reprogate.utils.hashing import sha256_file

@@ -23,7 +23,7 @@ import yaml
 from reprogate.lm.training import LmSetup, speed_key
 from reprogate.specs.lm import PlanSpec
 from reprogate.train.plan import measure
-from reprogate.train.run import Paths
+from reprogate.train.runs import Paths
 from reprogate.utils import paths as project
 from reprogate.utils.errors import UserError
 

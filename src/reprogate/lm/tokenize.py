@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 from reprogate.lm import tokenizer as lm_tokenizer
 from reprogate.records.base import write
 from reprogate.records.lm import TokenPart, TokenRecord
+from reprogate.specs.families.causal_lm import CausalLmConfig
 from reprogate.specs.loader import load_spec
 from reprogate.specs.model import ModelSpec
 from reprogate.utils import paths
@@ -35,7 +36,7 @@ def tokenize(root: Path, name: str, log=None) -> dict[str, Any]:
     log = log or say
     started = time.perf_counter()
     spec = load_spec(root / paths.model_spec(name), ModelSpec)
-    if spec.causal_lm is None:
+    if not isinstance(spec.config, CausalLmConfig):
         raise UserError(f"specs/models/{name}.yaml: tokenize is for family causal_lm, not {spec.family}.")
     texts = {p: corpus_text(root, p) for p in PARTS}
     cfg = spec.causal_lm.tokenizer

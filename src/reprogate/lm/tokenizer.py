@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
-from reprogate.specs.lm import TokenizerConfig
+from reprogate.specs.families.causal_lm import TokenizerConfig
 from reprogate.utils.errors import UserError
 
 

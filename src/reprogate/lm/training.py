@@ -18,8 +18,8 @@ from typing import Any
 
 from safetensors.torch import load_file
 
+from reprogate.folder.files import clear, write_folder
 from reprogate.lm import scoring as lm_eval
-from reprogate.lm import tokenizer as lm_tokenizer
 from reprogate.models.causal_lm import CausalLm
 from reprogate.records.base import load, write
 from reprogate.records.lm import LmTrainRecord, TokenRecord
@@ -28,9 +28,8 @@ from reprogate.runtime.device import configure_mps_env, environment, seed_everyt
 from reprogate.specs.lm import PlanSpec, speed_fields
 from reprogate.specs.loader import load_spec
 from reprogate.specs.model import ModelSpec, training_hash
-from reprogate.train.folder import clear, write_folder
 from reprogate.train.objectives import NextToken
-from reprogate.train.run import Paths, check_world, code_hash, rank_device
+from reprogate.train.runs import Paths, check_world, code_hash, rank_device
 from reprogate.train.trainer import Trainer, total_steps
 from reprogate.utils import paths as project
 from reprogate.utils.errors import UserError
@@ -87,6 +86,8 @@ def read_tokens(root: Path, name: str, spec: ModelSpec, spec_path: Path) -> tupl
 class LmSetup:
     """Everything needed to build a fresh, seeded language-model trainer (possibly more than once)."""
 
+    record = LmTrainRecord  # metrics/<m>/train.json
+
     def __init__(self, root: Path, paths: Paths, planning: bool = False):
         """`planning`: for `reprogate plan`, which measures updates before a plan exists."""
         self.root, self.paths = root, paths
@@ -117,7 +118,7 @@ class LmSetup:
             "spec_hash": training_hash(trained),
             "data_hash": sha256_file(folder / "manifest.json"),
             "labels_hash": self.tokens.tokenizer_sha256,
-            "code_hash": code_hash(),
+            "code_hash": code_hash(spec),
             "environment": environment(self.device),
         }
 
@@ -206,16 +207,3 @@ def export_lm(out: Path, setup: LmSetup, model: CausalLm, fingerprint: Fingerpri
         spec=setup.spec.model_dump(mode="json"),
     )
     write_folder(out, model, config, None, fingerprint)
-
-
-def load_lm(model_dir: Path, device) -> tuple[CausalLm, lm_tokenizer.LmTokenizer, ModelConfig]:
-    """A language model folder as evaluate, generate and serve load it."""
-    fix = "`dvc repro` rebuilds it (train@<m>), or `dvc checkout` restores it."
-    config = load(model_dir / "config.json", ModelConfig, fix)
-    if config.family != "causal_lm":
-        raise UserError(f"{model_dir} holds a {config.family} model, not a language model.")
-    spec = ModelSpec.model_validate(config.spec)
-    model = CausalLm(spec.causal_lm, config.n_out)
-    model.load_state_dict(load_file(str(model_dir / "model.safetensors")))
-    model.to(device).eval()
-    return model, lm_tokenizer.load(model_dir / "assets" / "tokenizer.json"), config

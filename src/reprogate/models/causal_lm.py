@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reprogate.specs.lm import CausalLmConfig
+from reprogate.specs.families.causal_lm import CausalLmConfig
 
 
 def rope_tables(context: int, head: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from reprogate.models.base import ragged_to_tensors, tensors_to_ragged
-from reprogate.specs.loader import resolve_encoder_path
+from reprogate.specs.families.encoder import resolve_encoder_path
 from reprogate.specs.model import ModelSpec
 from reprogate.utils.errors import UserError
 from reprogate.utils.hashing import sha256_file
@@ -284,3 +285,22 @@ def build(spec: ModelSpec, n_out: int, root: Path):
         encoder = _lora(encoder, cfg.lora.model_dump())
     model = EncoderClassifier(encoder, n_out, pooler, spec.head.dropout)
     return model, TokenFeaturizer(tokenizer, cfg.max_length, cfg.model, digest)
+
+
+def export_assets(assets: Path, spec: ModelSpec, model: torch.nn.Module, featurizer) -> None:
+    """The encoder's config and tokenizer, so the folder says what the head was trained on."""
+    enc = {
+        "full": lambda: model.encoder,
+        "lora": lambda: model.encoder.get_base_model(),
+        "frozen": lambda: featurizer.encoder,
+    }[spec.encoder.mode]()
+    enc.config.save_pretrained(assets / "encoder")
+    featurizer.tokenizer.save_pretrained(assets / "tokenizer")
+    # transformers records how it was loaded (HF_HUB_OFFLINE, which `make` sets, becomes
+    # local_files_only): not part of the tokenizer, and it would make the bytes differ
+    # between `make repro` and a plain `dvc repro`.
+    tok_config = assets / "tokenizer" / "tokenizer_config.json"
+    if tok_config.is_file():
+        saved = json.loads(tok_config.read_text())
+        saved.pop("local_files_only", None)
+        tok_config.write_text(json.dumps(saved, indent=2, sort_keys=True, ensure_ascii=False) + "\n")

@@ -15,18 +15,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from reprogate.models.base import Featurizer
-from reprogate.specs.model import ModelSpec, NeighboursConfig
+from reprogate.specs.families.ensemble import NeighboursConfig
+from reprogate.specs.model import ModelSpec
 from reprogate.utils import paths
+from reprogate.utils.errors import UserError
 from reprogate.utils.hashing import sha256_file
 
-MEMORY = Path("assets") / "neighbours.safetensors"
+MEMORY = paths.NEIGHBOUR_MEMORY
 # A label no neighbour votes for keeps this much probability, so its log stays finite.
 FLOOR = 1e-3
 
@@ -109,6 +112,34 @@ class EnsembleFeaturizer:
 
     def load_neighbours(self, path: Path, n_out: int) -> None:
         self.neighbours = Neighbours.load(path, self.near, n_out)
+
+    def bind(
+        self,
+        members_dir: Path,
+        open_member: Callable[[str], Member],
+        fingerprint: Any,
+        folder: Path,
+        n_out: int,
+        damaged: str,
+    ) -> None:
+        """Bound by whoever opens the ensemble's folder: where its members are, how one is
+        opened (on the ensemble's device), checked against the member files it was fitted on."""
+        self.models_dir = members_dir
+        self.load_members = lambda: [open_member(m) for m in self.members]
+        combined, now = fingerprint.members or {}, self.key()["members"]
+        changed = sorted(m for m in now if now[m] != combined.get(m))
+        if changed:
+            raise UserError(
+                f"{folder}: combined from other versions of {', '.join(changed)} than {members_dir} "
+                f"holds now (their weights or calibration changed since). Rerun `dvc repro "
+                f"combine@{folder.name}` so the ensemble is fitted to its current members, or restore them."
+            )
+        if self.near is not None:
+            memory = folder / MEMORY
+            try:
+                self.load_neighbours(memory, n_out)
+            except (SafetensorError, FileNotFoundError, KeyError) as e:
+                raise UserError(f"{memory} cannot be read ({e}); {damaged}") from None
 
     def parts(self) -> list[str]:
         """What each slice of the features is: the members, then the neighbour vote."""

@@ -16,12 +16,12 @@ from typing import Any
 import yaml
 
 from reprogate.pipeline import runner
+from reprogate.pipeline.context import runs_for
 from reprogate.specs.gate import GateSpec
 from reprogate.specs.loader import load_params, load_spec
-from reprogate.specs.model import BUILT
 from reprogate.specs.pipeline import Part, Pipeline, load_pipeline
 from reprogate.specs.reading import read_yaml
-from reprogate.utils import paths
+from reprogate.utils import dvc_cli, paths
 from reprogate.utils.errors import UserError
 
 HEADER = (
@@ -32,14 +32,15 @@ HEADER = (
 LOCK = "requirements.lock"
 
 
-def code(name: str, root: Path | None = None) -> list[str]:
+def code(name: str, root: Path | None = None, per_model: bool = False) -> list[str]:
     """What `reprogate stage NAME`'s code is to DVC: the lock (a torch bump can change any
-    output) and code/NAME.json, the identity stage `code` writes from the meaning of every module
-    the stage runs (utils/imports.py); relative to `root` (lm/ names the lock ../requirements.lock).
+    output) and code/NAME.json (code/NAME/<family>.json for a stage that runs for each model),
+    the identity stage `code` writes from the meaning of every module the stage runs
+    (utils/imports.py); relative to `root` (lm/ names the lock ../requirements.lock).
     Stage `code` itself runs every time and depends on nothing."""
     if name == "code":
         return []
-    files = [LOCK, paths.code_identity(name).as_posix()]
+    files = [LOCK, paths.code_identity(name, "${item.code}" if per_model else None).as_posix()]
     if root is None:
         return files
     # The project's repository: the folder at or above it holding the lock (and src/), wherever
@@ -50,48 +51,36 @@ def code(name: str, root: Path | None = None) -> list[str]:
     return [Path(os.path.relpath(repo / LOCK, root)).as_posix(), files[1]]
 
 
-# Which families each PER_MODEL value runs for; "all" runs for every model.
-BUILT_BY = {"ensembles": {"ensemble"}, "exports": {"export"}}
-
-
-def _runs_for(which: str, family: str) -> bool:
-    if which == "all":
-        return True
-    if which == "trained":  # ensembles are combined and exports compiled, not trained
-        return family not in BUILT
-    return family in BUILT_BY[which]
+def _trained_under(p: Pipeline, name: str) -> list[str]:
+    """The trained candidates a model rests on: itself, or what it is built from, all the way down."""
+    m = p.models[name]
+    return [name] if m.trained else [t for s in m.family_def.sources(m) for t in _trained_under(p, s)]
 
 
 def _slots(p: Pipeline, name: str) -> dict[str, str]:
     """An ensemble's members (an export's source's, or the source itself) in four scalar slots:
     DVC templates take scalars only, so the last one repeats."""
-    m = p.models[name]
-    if m.family == "export":
-        source = p.models[m.export.source]
-        members = source.ensemble.members if source.ensemble else [m.export.source]
-    else:
-        members = m.ensemble.members
+    members = _trained_under(p, name)
     slots = runner.module("combine").MAX_MEMBERS
     return {f"m{i + 1}": members[min(i, len(members) - 1)] for i in range(slots)}
 
 
-def _items(p: Pipeline, which: str) -> dict[str, dict[str, str]]:
+def _items(p: Pipeline, stage: str, which: str) -> dict[str, dict[str, str]]:
     """One DVC foreach item per model spec listed in params.yaml that the stage runs for."""
     builds = p.builds or tuple(p.models)
-    items = {n: {"family": p.models[n].family} for n in builds if _runs_for(which, p.models[n].family)}
-    if p.kind == "lm":  # a planned run's length is a param: its committed plan, else its spec
-        for n, item in items.items():
+    items = {n: {"family": p.models[n].family} for n in builds if runs_for(stage, which, p.models[n])}
+    for n, item in items.items():
+        declared = p.models[n].family_def
+        item["code"] = declared.name  # code/<stage>/<name>.json: its family's code identity
+        if declared.planned:  # a planned run's length is a param: its committed plan, else its spec
             minutes = p.models[n].budget.train_minutes
             item["plan"] = str(paths.plan_file(n) if minutes is not None else paths.model_spec(n))
-    if which in BUILT_BY:
-        for n, item in items.items():
+        if which == "built":
             item.update(_slots(p, n))
-    if which == "exports":
-        for n, item in items.items():
-            item["source"] = p.models[n].export.source
-    if which == "all":  # the weights file of the model folder calibrate and evaluate read
-        for item in items.values():
-            item["weights"] = paths.weights_of(item["family"])
+            if declared.compiled:  # the one candidate it compiles (an export)
+                item["source"] = declared.sources(p.models[n])[0]
+        if which == "all":  # the weights file of the model folder calibrate and evaluate read
+            item["weights"] = declared.weights
     return items
 
 
@@ -106,7 +95,7 @@ def stage(name: str, p: Pipeline) -> dict[str, Any] | None:
     if p.part != "default":
         body["cmd"] += "" if mod.PER_MODEL else f" --pipeline {p.part}"
         body["wdir"] = ".."  # every path in a stage is the project root's, as in dvc.yaml
-    deps = [*declared.pop("deps"), *code(name, p.root)]
+    deps = [*declared.pop("deps"), *code(name, p.root, bool(mod.PER_MODEL))]
     if deps:
         body["deps"] = deps
     body.update(declared)
@@ -114,7 +103,7 @@ def stage(name: str, p: Pipeline) -> dict[str, Any] | None:
         body["params"] = [*body.get("params", []), {str(paths.PARAMS): ["numerics"]}]
     if not mod.PER_MODEL:
         return body
-    items = _items(p, mod.PER_MODEL)
+    items = _items(p, name, mod.PER_MODEL)
     return {"foreach": items, "do": body} if items else None
 
 
@@ -122,7 +111,7 @@ def artifacts(p: Pipeline) -> dict[str, dict[str, Any]]:
     """Every candidate's model folder as a DVC artifact of type model: `dvc artifacts get`, GTO
     and DVC Studio find a model by its name, and promote's GTO tags say which version is in
     which stage."""
-    up = Path(os.path.relpath(".", p.dvc_yaml.parent))  # artifact paths are the dvc.yaml's
+    up = Path(os.path.relpath(".", dvc_cli.pipeline_file(p.part).parent))  # artifact paths are the dvc.yaml's
     return {
         n: {
             "path": (up / paths.model_dir(n)).as_posix(),
@@ -178,7 +167,7 @@ def _compile_part(root: Path, part: Part, check: bool) -> str:
             "with `git checkout -- models/production.json`; a project with nothing in production yet "
             'keeps {"model": null} there, and only `reprogate promote` changes it.'
         )
-    target = root / p.dvc_yaml
+    target = root / dvc_cli.pipeline_file(p.part)
     if check:
         current = target.read_text() if target.is_file() else ""
         if current != text:

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from reprogate.records.base import load, write
 from reprogate.records.numerics import MachineFingerprint, NumericReference
 from reprogate.runtime import numerics
-from reprogate.specs.loader import resolve_encoder_path
+from reprogate.specs.families.encoder import resolve_encoder_path
 from reprogate.utils import git
 from reprogate.utils.errors import UserError
 

@@ -48,6 +48,8 @@ class Kind:
     ranking: Ranking
     # A candidate's row of `dvc metrics show` (metrics/candidates/<m>.json): rule -> short column.
     columns: tuple[tuple[str, str], ...] = ()
+    # Its candidates answer with text they write (POST /generate), not with a label (POST /predict).
+    generates: bool = False
 
     def judge(
         self, ev: dict | None, resume: dict | None, gate, prod: dict | None, export: dict | None = None
@@ -150,6 +152,7 @@ LANGUAGE_MODEL = Kind(
         "validation", "bits_per_char", "val_bits_per_char", False, "fewest validation bits per character"
     ),
     columns=(("val_bits_per_char", "bits_per_char"),),
+    generates=True,
 )
 
 KINDS = {k.name: k for k in (CLASSIFIER, LANGUAGE_MODEL)}

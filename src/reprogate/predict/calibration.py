@@ -17,9 +17,9 @@ import numpy as np
 import torch
 from scipy.special import betaincinv
 
+from reprogate.folder.files import read_calibration
 from reprogate.predict import requests
 from reprogate.records.calibration import CalibrationRecord
-from reprogate.train.folder import read_calibration
 
 N_BINS = 15
 

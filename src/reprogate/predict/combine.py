@@ -3,6 +3,7 @@ neighbour memory, its model folder (pipeline/stages/combine.py declares it to DV
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -10,16 +11,33 @@ from typing import Any
 import torch
 
 from reprogate.data.prepared import gold_indices, rows, splits, write_features
+from reprogate.folder.files import clear, damaged, write_folder
+from reprogate.folder.scorer import Scorer
 from reprogate.models.ensemble import EnsembleCombiner, EnsembleFeaturizer, Neighbours
 from reprogate.predict.calibration import separable
 from reprogate.records.base import write
-from reprogate.records.train import CombineRecord
-from reprogate.specs.base import OOS_LABEL
+from reprogate.records.train import CombineRecord, Fingerprint, ModelConfig
+from reprogate.specs.base import OOS_LABEL, spec_hash
 from reprogate.specs.loader import load_spec
 from reprogate.specs.model import ModelSpec
-from reprogate.train.folder import Scorer, damaged, export_ensemble
 from reprogate.utils import paths
 from reprogate.utils.errors import UserError, read_json
+
+
+def export_ensemble(
+    out: Path, spec: ModelSpec, model: torch.nn.Module, feat: EnsembleFeaturizer, labels: list[str]
+) -> None:
+    """models/<e>/ of a combined ensemble: the same files as a trained model, so calibrate,
+    evaluate and the gate treat it like any other candidate."""
+    assets = clear(out)
+    (assets / "members.json").write_text(json.dumps(feat.key(), indent=2) + "\n")
+    if feat.neighbours is not None:
+        feat.neighbours.save(out / paths.NEIGHBOUR_MEMORY)
+    config = ModelConfig(
+        family=spec.family, n_out=len(labels), featurizer=feat.key(), spec=spec.model_dump(mode="json")
+    )
+    fingerprint = Fingerprint(spec_hash=spec_hash(spec), members=feat.key()["members"])
+    write_folder(out, model, config, labels, fingerprint)
 
 
 def fit_weights(logp: torch.Tensor, gold: torch.Tensor, k: int) -> tuple[EnsembleCombiner, bool]:

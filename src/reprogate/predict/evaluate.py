@@ -11,13 +11,13 @@ from typing import Any
 import numpy as np
 
 from reprogate.data.prepared import gold_indices, prepared_file
+from reprogate.folder.files import model_version, read_calibration
 from reprogate.predict.calibration import Policy, act_mask, confidence_margin, ece, prediction, probabilities
 from reprogate.predict.scorers import open_scorer
 from reprogate.records.base import write
 from reprogate.records.evaluation import EvalMetrics, Evaluation, PredictionLine
 from reprogate.specs.data import DataSpec
 from reprogate.specs.loader import load_spec
-from reprogate.train.folder import model_version, read_calibration
 from reprogate.utils import jsonl, paths
 from reprogate.utils.errors import read_json
 from reprogate.utils.hashing import sha256_file

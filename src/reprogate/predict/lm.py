@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 
+from reprogate.folder.files import model_version
+from reprogate.lm.folder import load_lm
 from reprogate.lm.tokenizer import LmTokenizer
-from reprogate.lm.training import load_lm
 from reprogate.models.causal_lm import CausalLm
 from reprogate.predict.production import Sources, production_files, read_promoted
 from reprogate.records.production import Promoted
 from reprogate.runtime.device import resolve_device
-from reprogate.train.folder import model_version
 from reprogate.utils.errors import UserError
 
 MAX_PROMPT_CHARS = 4000
@@ -83,7 +83,7 @@ def load_generator(root: Path, model_dir: Path | None = None, device: str = "aut
         sources = Sources.read(root)
         source = sources.identity()
         record = read_promoted(root, sources)
-        if record.family != "causal_lm":
+        if not record.generates:
             raise UserError(
                 f"{root}: production holds {record.model} ({record.family}), a classifier: generate and "
                 "POST /generate answer with a language model; use `reprogate predict` there, or run this in "

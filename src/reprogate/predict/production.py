@@ -21,6 +21,8 @@ from typing import Any
 import yaml
 
 from reprogate.export.scorer import ExportScorer
+from reprogate.folder.files import model_version
+from reprogate.folder.scorer import Scorer
 from reprogate.predict import requests, shipped
 from reprogate.predict.calibration import Policy, prediction, probabilities
 from reprogate.predict.scorers import open_scorer
@@ -29,7 +31,6 @@ from reprogate.records.base import load, validated
 from reprogate.records.production import RESTORE_PRODUCTION, ProductionRecord, Promoted
 from reprogate.records.train import Fingerprint
 from reprogate.specs.pipeline import PARTS
-from reprogate.train.folder import Scorer, model_version
 from reprogate.utils import dvc_cli, git, paths
 from reprogate.utils.atomic import replace_dir
 from reprogate.utils.errors import UserError
@@ -140,7 +141,7 @@ def _mismatch(
     """Why `model_dir` (with its members in `members_dir`) is not the promoted model, or None:
     the version (weights, an ensemble's members), the calibrated policy, then every byte of
     every file the model and its members load, against what the promotion pins."""
-    calibrated = record.family != "causal_lm"  # a language model has no routing policy
+    calibrated = not record.generates  # a language model has no routing policy
     if not paths.weights_in(model_dir).is_file() or (
         calibrated and not (model_dir / "calibration.json").is_file()
     ):

@@ -1,14 +1,17 @@
-"""The scorer of a model folder, by the family its config.json names: an exported model is
-answered by its runtime (export/scorer.py), every other by torch (train/folder.py)."""
+"""The scorer of a model folder, by the family its config.json names (its declaration's
+`scorer`): an exported model is answered by its runtime (export/scorer.py), the others by torch
+(folder/scorer.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from reprogate.export.scorer import ExportScorer
+from reprogate.folder.files import damaged
+from reprogate.folder.scorer import Scorer
 from reprogate.records.base import load
 from reprogate.records.train import ModelConfig
-from reprogate.train.folder import Scorer, damaged
+from reprogate.specs.family import family
 from reprogate.utils import paths
 
 
@@ -18,9 +21,9 @@ def open_scorer(
     model_dir: Path | None = None,
     device: str | None = None,
     members_dir: Path | None = None,
-) -> Scorer | ExportScorer:
+) -> Any:  # a Scorer, or its family's scorer (an ExportScorer)
     folder = model_dir or root / paths.model_dir(name)
     config = folder / "config.json"
-    if config.is_file() and load(config, ModelConfig, damaged(folder)).family == "export":
-        return ExportScorer(root, name, folder, device)
-    return Scorer(root, name, model_dir, device=device, members_dir=members_dir)
+    named = load(config, ModelConfig, damaged(folder)).family if config.is_file() else None
+    scorer = family(named).part("scorer") if named else Scorer
+    return scorer(root, name, model_dir or folder, device=device, members_dir=members_dir)

@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from reprogate.folder.files import model_version, read_calibration
 from reprogate.predict import requests, shipped
 from reprogate.promote import commit as promote_commit
 from reprogate.promote.versions import next_version, tags_at
@@ -30,9 +31,9 @@ from reprogate.records.production import RESTORE_PRODUCTION, Promoted, Promotion
 from reprogate.records.train import Fingerprint, ModelConfig
 from reprogate.specs.base import spec_hash
 from reprogate.specs.catalog import load_any
+from reprogate.specs.family import family
 from reprogate.specs.loader import load_params
 from reprogate.specs.pipeline import Part
-from reprogate.train.folder import model_version, read_calibration
 from reprogate.utils import dvc_cli, git, locks, paths
 from reprogate.utils.atomic import replace_dir
 from reprogate.utils.errors import UserError, read_json
@@ -166,7 +167,7 @@ def _common(root: Path, name: str, cand: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-def _lm_record(root: Path, name: str, cand: dict[str, Any]) -> Promoted:
+def _lm_record(root: Path, name: str, cand: dict[str, Any], config: ModelConfig) -> Promoted:
     """A language model's production record: bits per character instead of accuracy and a
     routing policy; the corpus parts' sha256 as its data."""
     corpus = load(root / paths.DATA_RECORD, CorpusRecord, RERUN)
@@ -174,7 +175,7 @@ def _lm_record(root: Path, name: str, cand: dict[str, Any]) -> Promoted:
         **_common(root, name, cand),
         data_sha256=corpus.sha256,
         val_bits_per_char=cand["val_bits_per_char"],
-        family="causal_lm",
+        family=config.family,
     )
 
 
@@ -182,8 +183,8 @@ def _record(root: Path, name: str, cand: dict[str, Any]) -> Promoted:
     """models/production.json for the gate's chosen candidate, from the pipeline's own files."""
     model_dir = root / paths.model_dir(name)
     config = load(model_dir / "config.json", ModelConfig, RERUN)
-    if config.family == "causal_lm":
-        return _lm_record(root, name, cand)
+    if family(config.family).generates:
+        return _lm_record(root, name, cand, config)
     data = load(root / paths.DATA_RECORD, DataRecord, RERUN)
     evaluation = load(root / paths.results_dir(name) / "eval.json", Evaluation, RERUN)
     policy = read_calibration(model_dir / "calibration.json").policy

@@ -1,16 +1,21 @@
-"""code/<stage>.json (CodeIdentity) -- code -> DVC (every other stage depends on its own file),
-train's fingerprint, promote.
+"""code/<stage>.json and code/<stage>/<family>.json (CodeIdentity) -- code -> DVC (every other
+stage depends on its own file), train's fingerprint, promote.
 
 A stage's code identity is the meaning of the modules it runs (utils/imports.py: their syntax
-trees without docstrings or comments). DVC compares this file, not the source bytes, so a
-comment reruns nothing and a real change reruns exactly the stages whose modules it touches.
+trees without docstrings or comments). A stage that runs for each model has one file per model
+family: the modules of the stage and those its family's declaration names (specs/family.py), and,
+for a family built from other candidates (an ensemble, an export), those of their families. DVC
+compares these files, not the source bytes, so a comment reruns nothing and a real change reruns
+exactly the stages whose modules it touches: an edit to one family's code, that family's stages.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from reprogate.records.base import Record, parse
+from reprogate.specs.family import Family, family
 from reprogate.utils import imports, paths
 
 
@@ -18,11 +23,28 @@ class CodeIdentity(Record):
     stage: str
     identity: str  # sha256 over the modules' meanings, in module order
     modules: dict[str, str]  # module -> sha256 of its meaning
+    # The family as the specs name it, and those of the candidates it is built from: enough to
+    # compute the identity again from this file alone (`stale`).
+    family: str | None = None
+    under: list[str] = []
 
 
-def current(stage: str) -> CodeIdentity:
-    identity, meanings = imports.stage_identity(stage)
-    return CodeIdentity(stage=stage, identity=identity, modules=meanings)
+def family_code(
+    declared: Family, under: Iterable[Family] = (), parts: tuple[str, ...] | None = None
+) -> tuple[str, ...]:
+    """The modules a stage that runs `parts` of a family (None: all) runs for a model of
+    `declared`, built from models of `under`."""
+    return tuple(sorted({m for f in (declared, *under) for m in f.references_to_code(parts)}))
+
+
+def current(stage: str, named: str | None = None, under: Iterable[str] = ()) -> CodeIdentity:
+    """What `stage` means now, for models of the family `named` (None: a stage of the pipeline)."""
+    parts = imports.stage_parts(stage)
+    extra = family_code(family(named), [family(u) for u in under], parts) if named else ()
+    identity, meanings = imports.stage_identity(stage, extra)
+    return CodeIdentity(
+        stage=stage, identity=identity, modules=meanings, family=named, under=sorted(set(under))
+    )
 
 
 def changed(old: CodeIdentity | None, new: CodeIdentity) -> list[str]:
@@ -32,11 +54,16 @@ def changed(old: CodeIdentity | None, new: CodeIdentity) -> list[str]:
 
 
 def stale(root: Path) -> list[str]:
-    """The stages whose committed code/<stage>.json no longer says what their code means: a
-    plain `git status` cannot tell, and DVC only finds out when stage `code` runs."""
+    """The identities whose committed file no longer says what their code means (`train/ngram`):
+    a plain `git status` cannot tell, and DVC only finds out when stage `code` has run."""
     out = []
-    for f in sorted((root / paths.CODE).glob("*.json")):
+    folder = root / paths.CODE
+    for f in sorted([*folder.glob("*.json"), *folder.glob("*/*.json")]):
         saved, _ = parse(f, CodeIdentity)
-        if saved is None or saved.identity != imports.stage_identity(f.stem)[0]:
-            out.append(f.stem)
+        try:
+            now = saved and current(saved.stage, saved.family, saved.under)
+        except ValueError:  # its family no longer resolves here: what it means is unknown
+            now = None
+        if saved is None or now is None or saved.identity != now.identity:
+            out.append(f.relative_to(folder).with_suffix("").as_posix())
     return out

@@ -7,6 +7,9 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from reprogate.records.base import CommitId, Interval, ModelVersion, Record, Sha256
+from reprogate.specs.family import family
+from reprogate.utils.errors import UserError
+from reprogate.utils.paths import PRODUCTION
 
 
 class PinnedPolicy(Record):
@@ -47,6 +50,20 @@ class Promoted(ProductionRecord):
 
     model: str
     model_version: ModelVersion
+
+    @property
+    def generates(self) -> bool:
+        """A language model (no routing policy, no labels); records before `family` was kept
+        were all classifiers'."""
+        if self.family is None:
+            return False
+        try:
+            return family(self.family).generates
+        except ValueError as e:
+            raise UserError(
+                f"{PRODUCTION}: production holds {self.model} of family '{self.family}', which does not "
+                f"load here ({e}). Install the package of that family, or promote another candidate."
+            ) from None
 
 
 class PromotionJournal(Record):

@@ -28,6 +28,7 @@ from reprogate.records.gate import Decision
 from reprogate.records.lm import LmEvaluation
 from reprogate.records.resume import ResumeRecord
 from reprogate.records.train import Fingerprint
+from reprogate.specs.family import family
 from reprogate.utils import dvc_cli, git, paths
 from reprogate.utils.errors import UserError
 
@@ -130,7 +131,12 @@ class Revision:
             spec = yaml.safe_load(raw) if raw else None
         except yaml.YAMLError:
             return False
-        return isinstance(spec, dict) and spec.get("family") == "causal_lm"
+        if not isinstance(spec, dict):
+            return False
+        try:
+            return family(spec.get("family")).generates
+        except ValueError:  # a family this checkout cannot import: not one of the built-in ones
+            return False
 
     def lm_evaluation(self, model: str) -> LmEvaluation | None:
         name = "eval.json"

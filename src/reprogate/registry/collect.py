@@ -31,7 +31,7 @@ from reprogate.registry import checks
 from reprogate.registry import lm as registry_lm
 from reprogate.registry.checks import FIX
 from reprogate.registry.tables import TABLES, arrow_schema, run_identity
-from reprogate.specs.model import BUILT
+from reprogate.specs.family import family
 from reprogate.utils import paths
 from reprogate.utils.errors import UserError
 from reprogate.utils.hashing import content_key
@@ -138,7 +138,7 @@ def _run(rev: Revision, model: str, stamp: dict[str, Any], held: dict[str, int])
     config = _json(rev, paths.model_dir(model) / "config.json", ModelConfig, dvc_output=True)
     if fp is None or config is None:
         return None
-    trained = config.family not in BUILT
+    trained = family(config.family).trained
     record_shape = LmTrainRecord if lm else TrainRecord if trained else CombineRecord
     record = _json(rev, paths.metrics_dir(model) / "train.json", record_shape)
     run = (registry_lm.run_row if lm else _run_row)(model, evaluation, fp, config, record, stamp)
@@ -181,7 +181,7 @@ def _run_row(model, evaluation: Evaluation, fp: Fingerprint, config: ModelConfig
         **run_identity(model, fp, spec, record_key(evaluation)),
         "family": config.family,
         "model_version": evaluation.model_version,
-        "train_key": train_key(fp) if config.family not in BUILT else None,
+        "train_key": train_key(fp) if family(config.family).trained else None,
         "processes": int(spec.get("processes", 1)),
         "device": evaluation.device,
         "steps": getattr(record, "steps", None),

@@ -31,6 +31,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from reprogate.pipeline.kinds import KINDS
 from reprogate.predict.lm import LoadedLm, is_language_model, load_generator
 from reprogate.predict.production import load_servable, production_sha256
 from reprogate.serve import admission
@@ -56,7 +57,7 @@ log = logging.getLogger("reprogate.serve.app")
 def load(root: Path, model_dir: Path | None = None, device: str = "auto"):
     """What this project serves: its production language model (a project on a text corpus, or
     a language-model folder), else its classifier."""
-    lm = is_language_model(model_dir) if model_dir is not None else pipeline_kind(root) == "lm"
+    lm = is_language_model(model_dir) if model_dir is not None else KINDS[pipeline_kind(root)].generates
     return (load_generator if lm else load_servable)(root, model_dir, device)
 
 

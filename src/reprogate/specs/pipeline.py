@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from reprogate.specs.data import DataSpec
-from reprogate.specs.loader import load_params, load_spec
+from reprogate.specs.loader import kind_of, load_params, load_spec
 from reprogate.specs.model import ModelSpec
 from reprogate.specs.reading import read_yaml
 from reprogate.specs.text import TextSpec
@@ -21,6 +21,9 @@ from reprogate.utils import paths
 from reprogate.utils.errors import UserError
 
 Part = Literal["default", "experiments"]
+Kind = Literal["classify", "lm"]
+# What each pipeline kind learns from: its data spec's class (a data spec of kind text makes lm).
+DATA_SPECS: dict[str, type[DataSpec | TextSpec]] = {"classify": DataSpec, "lm": TextSpec}
 PARTS: tuple[Part, ...] = ("default", "experiments")
 
 
@@ -35,25 +38,22 @@ class Pipeline:
     models: dict[str, ModelSpec]
     gate: str
     # classify: a data spec of labelled rows; lm: a text corpus (kind: text) and causal_lm models.
-    kind: Literal["classify", "lm"] = "classify"
+    kind: Kind = "classify"
     part: Part = "default"
     # The models this part's dvc.yaml builds (`models` holds them and what they build on).
     builds: tuple[str, ...] = ()
 
-    @property
-    def dvc_yaml(self) -> Path:
-        return paths.DVC_YAML if self.part == "default" else paths.EXPERIMENTS / paths.DVC_YAML
 
-
-def pipeline_kind(root: Path) -> Literal["classify", "lm"]:
+def pipeline_kind(root: Path) -> Kind:
     """What the project at `root` runs, from its data spec's kind (lm: a kind: text corpus)."""
     data = root / load_params(root).data
-    return "lm" if data.is_file() and read_yaml(data).get("kind") == "text" else "classify"
+    said = read_yaml(data).get("kind") if data.is_file() else None
+    return next((k for k, cls in DATA_SPECS.items() if said == kind_of(cls)), "classify")  # type: ignore[return-value]
 
 
 def augments(p: Pipeline) -> bool:
     """Whether the pipeline's data spec makes augmented rows (stage augment)."""
-    return p.kind == "classify" and load_spec(p.root / p.data, DataSpec).augment is not None
+    return getattr(load_spec(p.root / p.data, DATA_SPECS[p.kind]), "augment", None) is not None
 
 
 def load_pipeline(root: Path, part: Part = "default") -> Pipeline:
@@ -72,7 +72,7 @@ def load_pipeline(root: Path, part: Part = "default") -> Pipeline:
                 "the pipeline's specs live in it: point it at a file under specs/."
             )
     kind = pipeline_kind(root)
-    load_spec(root / params.data, TextSpec if kind == "lm" else DataSpec)
+    load_spec(root / params.data, DATA_SPECS[kind])
     models = {}
     for n in names:
         m = load_spec(root / paths.model_spec(n), ModelSpec)
@@ -81,26 +81,21 @@ def load_pipeline(root: Path, part: Part = "default") -> Pipeline:
                 f"specs/models/{n}.yaml: field 'data' is '{m.data}', but params.yaml runs the "
                 f"pipeline on '{params.data}'; make them the same."
             )
-        if (m.family == "causal_lm") != (kind == "lm"):
+        if m.family_def.kind != kind:
             raise UserError(
                 f"specs/models/{n}.yaml: family '{m.family}' cannot run in a pipeline on "
-                f"'{params.data}' ({'a text corpus' if kind == 'lm' else 'labelled rows'}): a language "
+                f"'{params.data}' (a data spec of kind {kind_of(DATA_SPECS[kind])}): a language "
                 "model's pipeline (family causal_lm, a kind: text corpus) has its own params.yaml, "
                 "e.g. lm/params.yaml."
             )
         models[n] = m
     for n, m in models.items():
-        missing = [x for x in (m.ensemble.members if m.ensemble else []) if x not in models]
-        if m.export and m.export.source not in models:
-            raise UserError(
-                f"specs/models/{n}.yaml: export.source '{m.export.source}' is not in params.yaml "
-                "'models' (or, for an experiment, 'experiments'); add it (the export is judged beside "
-                "its source, and must agree with it)."
-            )
+        missing = [x for x in m.family_def.sources(m) if x not in models]
         if missing:
             raise UserError(
-                f"specs/models/{n}.yaml: ensemble.members {missing} are not in params.yaml 'models'; add "
-                "them (each member is trained, checked and gated as a candidate of its own)."
+                f"specs/models/{n}.yaml: family {m.family} is built from {missing}, which are not in "
+                "params.yaml 'models' (or, for an experiment, 'experiments'); add them (each is trained, "
+                "checked and gated as a candidate of its own, and an export is judged beside its source)."
             )
     builds = tuple(params.models if part == "default" else params.experiments)
     return Pipeline(root, params.data, models, params.gate, kind, part, builds)

@@ -19,14 +19,14 @@ from reprogate.records.train import Fingerprint, train_key
 from reprogate.runtime.device import device_peak_gb, rank_and_world
 from reprogate.train import checkpoint, distributed, ray_engine
 from reprogate.train.plan import BudgetWatchdog, Plan, check_budget, measure
-from reprogate.train.run import Paths, Setup
+from reprogate.train.runs import Paths
 from reprogate.train.trainer import Trainer
 from reprogate.utils.console import say
 from reprogate.utils.paths import update_log
 from reprogate.utils.pause import attempt
 
 
-def _plan(setup: Setup, world: int, log) -> Plan:
+def _plan(setup: Any, world: int, log) -> Plan:  # a kind's setup (train/run.Setup, lm/training.LmSetup)
     """The measured projection, one for all ranks (or they would part ways): the slowest rank's
     time, all ranks' memory together. Training is refused here when it exceeds the budget."""
     plan = measure(setup)
@@ -41,7 +41,7 @@ def _plan(setup: Setup, world: int, log) -> Plan:
     return plan
 
 
-def _resume(setup: Setup, trainer: Trainer, rank: int, log) -> tuple[int | None, dict]:
+def _resume(setup: Any, trainer: Trainer, rank: int, log) -> tuple[int | None, dict]:
     """Restore the last committed checkpoint of this run, if any: (step resumed from, what
     changed in the environment since it was written). A worker group Ray Train restarted
     takes the newer of the checkpoint Ray holds and the run folder's: Ray hears of a commit

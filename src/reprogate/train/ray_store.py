@@ -35,7 +35,7 @@ def _host() -> tuple[str, int]:
 def _join(backend: str, address: str, port: int, timeout_s: int) -> None:
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     timeout = timedelta(seconds=timeout_s)
-    store = _held["store"] if rank == 0 else dist.TCPStore(address, port, world_size, timeout=timeout)
+    store = _held["store"] if rank == 0 else stores.join(address, port, world_size, timeout)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
 
 

@@ -1,5 +1,6 @@
-"""Everything a training run is built from: its paths, its data and features, its fingerprint,
+"""Everything a classifier's training run is built from: its data and features, its fingerprint,
 its length, and a seeded trainer (built as often as needed: `plan` measures a throwaway one).
+What every kind's run shares (its paths, code identity, devices, world) is train/runs.py.
 
 The `train@m` stage, `reprogate plan`, the benchmarks and the tests all build runs here.
 """
@@ -8,9 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,104 +17,37 @@ import torch
 
 from reprogate import models
 from reprogate.data.prepared import gold_indices, load_train_data, rows, split_features
+from reprogate.folder.files import export_trained
 from reprogate.models.base import OnDevice, concat, predict_logits
 from reprogate.records.base import write
 from reprogate.records.train import Fingerprint, TrainRecord
 from reprogate.runtime.device import (
     configure_mps_env,
     environment,
-    rank_and_world,
     seed_everything,
     select_device,
 )
 from reprogate.specs.data import DataSpec
 from reprogate.specs.loader import load_spec
 from reprogate.specs.model import ModelSpec, training_hash
-from reprogate.train.folder import export_trained
 from reprogate.train.objectives import Classification, PairedClassification
+from reprogate.train.runs import Paths, check_world, code_hash, rank_device
 from reprogate.train.trainer import Trainer, total_steps
-from reprogate.utils import imports
 from reprogate.utils import paths as project
 from reprogate.utils.errors import UserError
 from reprogate.utils.jsonl import read_jsonl
 
 
-@dataclass
-class Paths:
-    """Where one run reads its spec and writes its checkpoints, model, metrics and plots."""
-
-    name: str
-    spec: Path
-    run: Path
-    model: Path
-    metrics: Path
-    plots: Path
-
-    @classmethod
-    def for_model(
-        cls,
-        root: Path,
-        name: str,
-        spec: Path | None = None,
-        run: Path | None = None,
-        work: Path | None = None,
-    ) -> Paths:
-        if work is not None:  # everything of this run in one folder (resume_check, tests)
-            return cls(
-                name,
-                spec or root / project.model_spec(name),
-                work,
-                work / "model",
-                work / "metrics",
-                work / "plots",
-            )
-        return cls(
-            name=name,
-            spec=spec or root / project.model_spec(name),
-            run=run or root / project.run_dir(name),
-            model=root / project.model_dir(name),
-            metrics=root / project.metrics_dir(name),
-            plots=root / project.plots_dir(name),
-        )
-
-
-def code_hash() -> str:
-    """The train stage's code identity (code/train.json): what its modules mean, not their
-    bytes, so the fingerprint changes when, and only when, DVC reruns training, and a comment
-    never throws a finished run away (checkpoint.resume_point compares it)."""
-    return imports.stage_identity("train")[0]
-
-
 def fingerprint(spec: ModelSpec, data, device, featurizer) -> dict[str, Any]:
-    encoder = {"encoder_sha256": featurizer.encoder_sha256} if spec.family == "encoder" else {}
+    encoder = spec.family_def.fingerprint(featurizer)
     return {
         **encoder,
         "spec_hash": training_hash(spec),
         "data_hash": data.data_hash,
         "labels_hash": hashlib.sha256(json.dumps(data.labels).encode()).hexdigest(),
-        "code_hash": code_hash(),
+        "code_hash": code_hash(spec),
         "environment": environment(device),
     }
-
-
-def rank_device(device, spec: ModelSpec, spec_path: Path):
-    """This rank's device: its own GPU on CUDA (LOCAL_RANK), the CPU otherwise."""
-    if device.type == "mps":
-        raise UserError(
-            f"{spec_path}: field 'processes' is {spec.processes}, but device 'auto' chose mps, which "
-            "has no multi-process backend in PyTorch; use processes: 1, or device: cpu."
-        )
-    if device.type != "cuda":
-        return device
-    if torch.cuda.device_count() < spec.processes:
-        raise UserError(
-            f"{spec_path}: field 'processes' is {spec.processes}, but this machine has "
-            f"{torch.cuda.device_count()} CUDA device(s) and each process needs its own; use processes: "
-            f"{torch.cuda.device_count()} or fewer."
-        )
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local)
-    return torch.device("cuda", local)
 
 
 def checked_total_steps(spec: ModelSpec, spec_path: Path, n_examples: int) -> int:
@@ -152,6 +84,8 @@ def prepared_steps(root: Path, spec: ModelSpec, spec_path: Path) -> int | None:
 class Setup:
     """Everything needed to build a fresh, seeded trainer (possibly more than once)."""
 
+    record = TrainRecord  # metrics/<m>/train.json
+
     def __init__(self, root: Path, paths: Paths):
         self.root, self.paths = root, paths
         self.spec = load_spec(paths.spec, ModelSpec)
@@ -187,7 +121,8 @@ class Setup:
     def trainer(self):
         model, _ = self._build()
         labels = [e.label for e in self.data.examples]
-        paired = self.spec.encoder is not None and self.spec.encoder.contrastive is not None
+        # A family whose section asks for sentence pairs (encoder.contrastive) trains with them.
+        paired = getattr(self.spec.config, "contrastive", None) is not None
         objective = (PairedClassification if paired else Classification)(
             self.spec, self.featurizer, self.feats, labels, len(self.data.labels), self.device
         )
@@ -218,22 +153,6 @@ class Setup:
     def telemetry(self, seen: int, loop_s: float) -> dict[str, Any]:
         """The kind's own run-log fields beyond what every run reports."""
         return {}
-
-
-def check_world(paths: Paths, spec: ModelSpec, world: int) -> None:
-    """A launch with another number of processes than the spec's is refused (any family)."""
-    if world != spec.processes:
-        raise UserError(
-            f"{paths.spec}: field 'processes' is {spec.processes}, but this run was launched "
-            f"as {world} processes (WORLD_SIZE={world}); launch it with `reprogate stage train "
-            f"{paths.name}`, which starts the spec's number of processes, or set processes: {world}."
-        )
-
-
-def processes_to_launch(paths: Paths) -> int:
-    """The spec's number of processes when this process must start them (not itself a rank)."""
-    n = load_spec(paths.spec, ModelSpec).processes
-    return n if n > 1 and rank_and_world()[1] == 1 else 0
 
 
 def validation_accuracy(setup: Setup, trainer: Trainer) -> float:

@@ -49,13 +49,18 @@ def sockets_on_loopback() -> None:
     os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = LOOPBACK_INTERFACE
 
 
+def join(address: str, port: int, world_size: int, timeout: timedelta = TIMEOUT) -> TCPStore:
+    """A client of the store served at address:port (a rank other than 0)."""
+    return TCPStore(address, port, world_size, is_master=False, timeout=timeout)
+
+
 def process_group_store(rank: int, world_size: int) -> TCPStore:
     """The store of a launch's process group at MASTER_ADDR:MASTER_PORT (as `env://` reads it),
     served by rank 0 on that address alone."""
     address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     if rank == 0:
         return serve(address, port)
-    return TCPStore(address, port, world_size, is_master=False, timeout=TIMEOUT)
+    return join(address, port, world_size)
 
 
 def _loopback_rendezvous(params):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import importlib.util
 from functools import cache
 from pathlib import Path
 
@@ -14,12 +15,27 @@ SOURCE = Path(__file__).resolve().parent.parent
 
 
 def module_file(module: str) -> Path | None:
-    """The file of a reprogate module (a package's __init__.py), or None if there is none."""
+    """The file of a module of this package or of a user's package outside it (a family named
+    `module:Class`), a package's __init__.py; None if there is none."""
+    if module != PACKAGE and not module.startswith(PACKAGE + "."):
+        return _outside_file(module)
     parts = module.split(".")[1:]
     p = SOURCE.joinpath(*parts)
     if (p / "__init__.py").is_file():
         return p / "__init__.py"
     return p.with_suffix(".py") if p.with_suffix(".py").is_file() else None
+
+
+@cache
+def _outside_file(module: str) -> Path | None:
+    """A user's module, found as Python would import it (its parent packages are imported to
+    find it, as naming the family in a spec imports them anyway)."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    origin = Path(spec.origin) if spec is not None and spec.origin else None
+    return origin if origin is not None and origin.suffix == ".py" and origin.is_file() else None
 
 
 def modules() -> dict[str, Path]:
@@ -30,9 +46,10 @@ def modules() -> dict[str, Path]:
     return out
 
 
-def _target(name: str) -> str | None:
-    """The nearest reprogate module a dotted name lives in (`reprogate.models.build` -> models)."""
-    while name.startswith(PACKAGE):
+def _target(name: str, own: str) -> str | None:
+    """The nearest module of this package or of the importer's own top-level package `own` that
+    a dotted name lives in (`reprogate.models.build` -> models); None for any other library."""
+    while name == own or name.startswith(own + ".") or name.startswith(PACKAGE + "."):
         if module_file(name) is not None:
             return name
         name = name.rpartition(".")[0]
@@ -41,7 +58,8 @@ def _target(name: str) -> str | None:
 
 @cache
 def imports(module: str) -> frozenset[str]:
-    """The reprogate modules `module` imports, by any import statement anywhere in it."""
+    """The modules of this package (and of the module's own top-level package) that `module`
+    imports, by any import statement anywhere in it."""
     f = module_file(module)
     if f is None:
         return frozenset()
@@ -58,20 +76,21 @@ def imports(module: str) -> frozenset[str]:
                 base = ".".join(here[: len(here) - node.level + 1] + ([base] if base else []))
             names = [f"{base}.{a.name}" for a in node.names]
         for n in names:
-            t = _target(n)
+            t = _target(n, module.partition(".")[0])
             if t and t != module:
                 out.add(t)
     return frozenset(out)
 
 
 def parents(module: str) -> list[str]:
-    """The packages Python runs before `module` (not the top-level one, which is empty)."""
+    """The packages Python runs before `module` (not this package's top level, which is empty)."""
     parts = module.split(".")
-    return [".".join(parts[:i]) for i in range(2, len(parts))]
+    first = 2 if parts[0] == PACKAGE else 1
+    return [".".join(parts[:i]) for i in range(first, len(parts))]
 
 
 def closure(*start: str) -> set[str]:
-    """Every reprogate module that importing `start` runs."""
+    """Every module of this package (or of a start's own package) that importing `start` runs."""
     seen: set[str] = set()
     todo = list(start)
     while todo:
@@ -159,9 +178,18 @@ def stage_modules(stage: str) -> set[str]:
     return closure(*(f"{PACKAGE}.pipeline.stages.{n}" for n in runs)) - {PACKAGE}
 
 
-def stage_identity(stage: str) -> tuple[str, dict[str, str]]:
-    """(identity, {module: meaning}) of a stage's code: the hash DVC compares (code/<stage>.json)
-    and training's fingerprint holds."""
-    meanings = {m: meaning(m) for m in sorted(stage_modules(stage))}
+def stage_parts(stage: str) -> tuple[str, ...] | None:
+    """The parts of a model's family (specs/family.py) a per-model stage runs, by its
+    FAMILY_PARTS (None: it declares none, so all of them count)."""
+    parts = constant(f"{PACKAGE}.pipeline.stages.{stage}", "FAMILY_PARTS")
+    return tuple(parts) if parts is not None else None  # type: ignore[arg-type]
+
+
+def stage_identity(stage: str, extra: tuple[str, ...] = ()) -> tuple[str, dict[str, str]]:
+    """(identity, {module: meaning}) of a stage's code, with the modules `extra` imports (its
+    model's family, named by the family's declaration): the hash DVC compares (code/) and
+    training's fingerprint holds."""
+    mods = stage_modules(stage) | (closure(*extra) - {PACKAGE} if extra else set())
+    meanings = {m: meaning(m) for m in sorted(mods)}
     joined = "".join(f"{m}\0{h}\n" for m, h in meanings.items())
     return hashlib.sha256(joined.encode()).hexdigest(), meanings

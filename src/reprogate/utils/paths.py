@@ -28,21 +28,15 @@ LM_FILES = ("model.safetensors", "config.json", "fingerprint.json", "assets")
 # An exported model's folder (export@m): one ONNX graph instead of the torch weights.
 EXPORT_FILES = ("model.onnx", "config.json", "labels.json", "fingerprint.json", "assets")
 WEIGHTS = ("model.safetensors", "model.onnx")
-
-
-def weights_of(family: str) -> str:
-    """The weights file of a model folder of this family."""
-    return WEIGHTS[family == "export"]
+# What calibrate and evaluate read of a classifier's folder beside its weights file (either one).
+SCORED_FILES = tuple(f for f in TRAIN_FILES if f not in WEIGHTS)
+# An ensemble's nearest-neighbour memory: part of its version, beside its weights.
+NEIGHBOUR_MEMORY = Path("assets") / "neighbours.safetensors"
 
 
 def weights_in(model_dir: Path) -> Path:
     """The weights file a model folder holds (model.safetensors when it holds neither)."""
     return next((model_dir / w for w in WEIGHTS if (model_dir / w).is_file()), model_dir / WEIGHTS[0])
-
-
-def folder_files(family: str) -> tuple[str, ...]:
-    """What the stage that builds a model folder of this family writes there."""
-    return EXPORT_FILES if family == "export" else TRAIN_FILES
 
 
 RUNS = Path("runs")
@@ -147,5 +141,6 @@ def predictions_dir(name: str) -> Path:
 CODE = Path("code")
 
 
-def code_identity(stage: str) -> Path:
-    return CODE / f"{stage}.json"
+def code_identity(stage: str, family: str | None = None) -> Path:
+    """code/<stage>.json; of a stage that runs for each model, one per model family (its name)."""
+    return CODE / f"{stage}.json" if family is None else CODE / stage / f"{family}.json"

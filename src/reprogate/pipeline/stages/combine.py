@@ -13,7 +13,7 @@ from reprogate.pipeline.context import Context, Result
 from reprogate.specs.pipeline import Pipeline
 from reprogate.utils.paths import TRAIN_FILES
 
-PER_MODEL = "ensembles"
+PER_MODEL = "built"
 NUMERIC = True  # its outputs are floats: it reruns when params.yaml's numerics change
 MAX_MEMBERS = 4  # DVC templates take scalars only: four member slots, the last member repeated
 

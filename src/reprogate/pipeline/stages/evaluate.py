@@ -14,12 +14,12 @@ from typing import Any
 
 from reprogate.pipeline.context import Context, Result
 from reprogate.specs.pipeline import Pipeline
-from reprogate.utils.paths import TRAIN_FILES, WEIGHTS
-
-# The model folder's files but its weights (model.safetensors, or an export's model.onnx).
-MODEL_FILES = tuple(f for f in TRAIN_FILES if f not in WEIGHTS)
+from reprogate.utils.paths import SCORED_FILES
 
 PER_MODEL = "all"
+# The parts of its model's family it runs (its model folder opened for scoring):
+# its code identity holds those only.
+FAMILY_PARTS = ("scorer", "build")
 NUMERIC = True  # its outputs are floats: it reruns when params.yaml's numerics change
 
 
@@ -29,7 +29,7 @@ def dvc(p: Pipeline) -> dict[str, Any]:
             "data/prepared",
             "data/features/${key}",
             "models/${key}/${item.weights}",
-            *(f"models/${{key}}/{f}" for f in MODEL_FILES),
+            *(f"models/${{key}}/{f}" for f in SCORED_FILES),
             "models/${key}/calibration.json",
         ],
         "params": [{p.data: None}],

@@ -14,7 +14,7 @@ from reprogate.pipeline.context import Context, Result
 from reprogate.specs.pipeline import Pipeline
 from reprogate.utils.paths import EXPORT_FILES, TRAIN_FILES
 
-PER_MODEL = "exports"
+PER_MODEL = "built"
 NUMERIC = True  # its outputs are floats: it reruns when params.yaml's numerics change
 MAX_MEMBERS = 4  # as combine: the source's members fill four scalar slots
 

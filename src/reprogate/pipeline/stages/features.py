@@ -15,6 +15,9 @@ from reprogate.specs.pipeline import Pipeline, augments
 from reprogate.utils import paths
 
 PER_MODEL = "trained"
+# The parts of its model's family it runs (its featurizer):
+# its code identity holds those only.
+FAMILY_PARTS = ("build",)
 NUMERIC = True  # its outputs are floats: it reruns when params.yaml's numerics change
 
 
@@ -25,7 +28,7 @@ def dvc(p: Pipeline) -> dict[str, Any]:
     return {
         "deps": ["data/prepared", *augmented],
         # Only what shapes the features: a head, lr or seed change does not re-encode.
-        "params": [{"specs/models/${key}.yaml": ["family", "data", "${item.family}"]}],
+        "params": [{"specs/models/${key}.yaml": ["family", "data", "${item.code}"]}],
         "outs": ["data/features/${key}"],
     }
 

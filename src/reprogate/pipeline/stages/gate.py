@@ -34,7 +34,7 @@ PER_MODEL = None
 def dvc(p: Pipeline) -> dict[str, Any]:
     evidence = [f"results/{m}/eval.json" for m in p.models]
     evidence += [f"results/{m}/resume.json" for m, spec in p.models.items() if spec.trained]
-    evidence += [f"metrics/{m}/export.json" for m, spec in p.models.items() if spec.family == "export"]
+    evidence += [f"metrics/{m}/export.json" for m, spec in p.models.items() if spec.family_def.compiled]
     decision, headline = (f.as_posix() for f in paths.gate_files(p.part))
     lists = ["models"] if p.part == "default" else ["models", "experiments"]
     return {
@@ -71,7 +71,7 @@ def export_evidence(root: Path, name: str) -> dict[str, Any] | None:
         spec = load_spec(spec_path, ModelSpec) if spec_path.is_file() else None
     except UserError:  # resume_evidence records why; its rule fails
         return None
-    if spec is None or spec.family != "export":
+    if spec is None or not spec.family_def.compiled:
         return None
     return _read(root / paths.metrics_dir(name) / "export.json", ExportRecord) or {
         "unreadable": f"metrics/{name}/export.json missing"
@@ -79,8 +79,8 @@ def export_evidence(root: Path, name: str) -> dict[str, Any] | None:
 
 
 def resume_evidence(root: Path, name: str) -> dict[str, Any] | None:
-    """resume.json of a trained model; for an ensemble, every member's must have passed; an
-    export is as resumable as its source."""
+    """resume.json of a trained model; of one built from several (an ensemble), every member's
+    must have passed; one built from one source (an export) is as resumable as its source."""
     spec_path = root / paths.model_spec(name)
     try:
         spec = load_spec(spec_path, ModelSpec) if spec_path.is_file() else None
@@ -89,13 +89,12 @@ def resume_evidence(root: Path, name: str) -> dict[str, Any] | None:
         # fails and says why, and the other candidates are still judged.
         why = f"specs/models/{name}.yaml no longer validates, so its resume evidence cannot be found: {e}"
         return {"unreadable": why}
-    if spec is not None and spec.family == "export":
-        return resume_evidence(root, spec.export.source)
-    if spec is None or spec.family != "ensemble":
+    if spec is None or spec.trained:
         return _read(root / paths.results_dir(name) / "resume.json", ResumeRecord)
-    members = {
-        m: _read(root / paths.results_dir(m) / "resume.json", ResumeRecord) for m in spec.ensemble.members
-    }
+    sources = spec.family_def.sources(spec)
+    if len(sources) == 1:
+        return resume_evidence(root, sources[0])
+    members = {m: _read(root / paths.results_dir(m) / "resume.json", ResumeRecord) for m in sources}
     return {"passed": all(r is not None and r.get("passed") for r in members.values()), "members": members}
 
 

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from reprogate.pipeline.context import Context, Result
+from reprogate.pipeline.context import Context, Result, trained_families, union
 from reprogate.specs.pipeline import Pipeline
 
 PER_MODEL = "trained"
+# The parts of its model's family it runs (the train stage's, which it runs):
+# its code identity holds those only.
+FAMILY_PARTS = ("setup", "build", "assets")
 NUMERIC = True  # its outputs are floats: it reruns when params.yaml's numerics change
 # It runs the train stage as child processes: that stage's code is this one's too.
 RUNS = ("train",)
@@ -29,7 +32,7 @@ RUNS = ("train",)
 
 def dvc(p: Pipeline) -> dict[str, Any]:
     return {
-        "deps": ["data/tokens/${key}"] if p.kind == "lm" else ["data/prepared", "data/features/${key}"],
+        "deps": union(f.inputs for f in trained_families(p.models)),
         "params": [{"specs/models/${key}.yaml": None}],
         "outs": [
             {"results/${key}/resume.json": {"cache": False}},

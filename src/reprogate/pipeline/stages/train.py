@@ -19,68 +19,44 @@ from __future__ import annotations
 
 from typing import Any
 
-from reprogate.pipeline.context import Context, Result
-from reprogate.records.lm import LmTrainRecord
-from reprogate.records.train import TrainRecord
+from reprogate.pipeline.context import Context, Result, trained_families, union
 from reprogate.specs.loader import load_spec
 from reprogate.specs.model import ModelSpec
 from reprogate.specs.pipeline import Pipeline, augments
-from reprogate.utils.paths import AUGMENTED, LM_FILES, TRAIN_FILES
+from reprogate.utils.paths import AUGMENTED
 
 PER_MODEL = "trained"
+# The parts of its model's family it runs (a run's setup builds the model and writes its folder's assets):
+# its code identity holds those only.
+FAMILY_PARTS = ("setup", "build", "assets")
 NUMERIC = True  # its outputs are floats: it reruns when params.yaml's numerics change
-RECORD_FIELDS = {*TrainRecord.model_fields, *LmTrainRecord.model_fields}
 
 
 def dvc(p: Pipeline) -> dict[str, Any]:
-    if p.kind == "lm":
-        return {
-            "deps": ["data/tokens/${key}"],
-            # The committed plan fixes a budget.train_minutes run's steps (the spec itself otherwise).
-            "params": [{"specs/models/${key}.yaml": None}, {"${item.plan}": None}],
-            "outs": [
-                *(f"models/${{key}}/{f}" for f in LM_FILES),
-                {"metrics/${key}/train.json": {"cache": False}},
-            ],
-            "plots": [
-                {"plots/${key}/train.tsv": {"x": "step", "y": "loss", "cache": False}},
-                *(
-                    {f"plots/${{key}}/validation_by_{x}.tsv": {"x": x, "y": "nats_per_token", "cache": False}}
-                    for x in ("tokens", "seconds")
-                ),
-            ],
-        }
-    augmented = [AUGMENTED.parent.as_posix()] if augments(p) else []
+    declared = trained_families(p.models)
+    params: list[dict] = [{"specs/models/${key}.yaml": None}]
+    if any(f.planned for f in declared):  # its committed plan fixes a budget run's steps
+        params.append({"${item.plan}": None})
+    loss = {"plots/${key}/train.tsv": {"x": "step", "y": "loss", "cache": False}}
     return {
-        "deps": ["data/prepared", *augmented, "data/features/${key}"],
-        "params": [{"specs/models/${key}.yaml": None}],
+        "deps": [*union(f.inputs for f in declared), *([AUGMENTED.parent.as_posix()] if augments(p) else [])],
+        "params": params,
         "outs": [
-            *(f"models/${{key}}/{f}" for f in TRAIN_FILES),
+            *(f"models/${{key}}/{f}" for f in union(f.files for f in declared)),
             {"metrics/${key}/train.json": {"cache": False}},
         ],
-        "plots": [{"plots/${key}/train.tsv": {"x": "step", "y": "loss", "cache": False}}],
+        "plots": [loss, *union(f.plots for f in declared)],
     }
-
-
-def _setup_class(spec: ModelSpec) -> type:
-    """What builds a run of this spec's kind (train/job.py runs any of them)."""
-    if spec.family == "causal_lm":
-        from reprogate.lm.training import LmSetup
-
-        return LmSetup
-    from reprogate.train.run import Setup
-
-    return Setup
 
 
 def run(ctx: Context) -> Result:
     from reprogate.train import distributed, ray_engine
     from reprogate.train.job import ray_rank, summary, train
-    from reprogate.train.run import Paths, processes_to_launch
+    from reprogate.train.runs import Paths, processes_to_launch
 
     paths = Paths.for_model(ctx.root, ctx.model, ctx.spec, ctx.run_dir, ctx.work_dir)
     spec = load_spec(paths.spec, ModelSpec)
-    setup = _setup_class(spec)
+    setup = spec.family_def.part("setup")  # what builds a run of it (train/job.py runs any)
     if spec.executor == "ray":
         args = (ctx.root.resolve(), paths, setup, ctx.skip_plan)
         m = ray_engine.launch(spec, paths.spec, paths.run, ray_rank, args)
@@ -94,5 +70,5 @@ def run(ctx: Context) -> Result:
     # Everything but the tracked record is telemetry (rank > 0 returns {"rank": r}, logs nothing).
     return Result(
         summary(ctx.model, m),
-        telemetry={k: v for k, v in m.items() if k not in RECORD_FIELDS},
+        telemetry={k: v for k, v in m.items() if k not in setup.record.model_fields},
     )

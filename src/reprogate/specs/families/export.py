@@ -7,11 +7,16 @@ refused by the same rules as any other, and one more rule asks that it agree wit
 
 from __future__ import annotations
 
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import Field
 
 from reprogate.specs.base import ModelName, PosInt, Strict
+from reprogate.specs.family import Family, Refused
+from reprogate.specs.loader import load_spec
+from reprogate.specs.model import ModelSpec
+from reprogate.utils import paths
 
 
 class ExportConfig(Strict):
@@ -46,3 +51,35 @@ class ExportConfig(Strict):
     def calls_of(self) -> int:
         """Texts per runtime call: `batch`, or its default for the quantization."""
         return self.batch or (1 if self.quantize == "int8" else 16)
+
+
+class Export(Family):
+    name = "export"
+    config = ExportConfig
+    trained = False
+    built_by = "export"
+    compiled = True
+    scorer = "reprogate.export.scorer:ExportScorer"
+    weights = "model.onnx"
+    files = paths.EXPORT_FILES
+
+    def sources(self, spec: Any) -> list[str]:
+        return [spec.export.source]
+
+    def references(self, spec: Any, root: Path) -> None:
+        name = spec.export.source
+        path = root / paths.model_spec(name)
+        if not path.is_file():
+            raise Refused(("export", "source"), f"export.source names '{name}', but {path} does not exist")
+        source = load_spec(path, ModelSpec)
+        if not source.family_def.exportable:
+            raise Refused(
+                ("export", "source"),
+                f"export.source '{name}' is of family {source.family}, which has no ONNX graph; an export "
+                "compiles a classifier of family ngram, encoder or ensemble: name one of those",
+            )
+        if source.data != spec.data:
+            raise Refused(
+                ("data",),
+                f"export.source '{name}' uses data '{source.data}' but this export uses '{spec.data}'",
+            )
