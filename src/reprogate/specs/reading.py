@@ -9,6 +9,8 @@ the last one silently, and a spec would train with a value its author did not se
 
 from __future__ import annotations
 
+import copy
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -100,11 +102,18 @@ def _bounded_text(path: Path) -> str:
         raise UserError(f"{path}: not UTF-8 text ({e.reason}); save it as UTF-8.") from None
 
 
+@functools.lru_cache(maxsize=256)
+def _parsed(text: str) -> Any:
+    # One pipeline's specs name each other many times (an ensemble's members, their data spec):
+    # the same text is parsed once per process, and every caller gets its own copy.
+    return yaml.load(text, Loader=_SpecLoader)  # noqa: S506 (a SafeLoader)
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     """A spec file's mapping, or one paragraph naming the file, the place and the fix."""
     text = _bounded_text(path)
     try:
-        raw = yaml.load(text, Loader=_SpecLoader)  # noqa: S506 (a SafeLoader)
+        raw = copy.deepcopy(_parsed(text))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

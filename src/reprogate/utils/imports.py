@@ -5,8 +5,11 @@ that imports only go down."""
 from __future__ import annotations
 
 import ast
+import atexit
 import hashlib
 import importlib.util
+import json
+import os
 from functools import cache
 from pathlib import Path
 
@@ -56,30 +59,30 @@ def _target(name: str, own: str) -> str | None:
     return None
 
 
-@cache
-def imports(module: str) -> frozenset[str]:
-    """The modules of this package (and of the module's own top-level package) that `module`
-    imports, by any import statement anywhere in it."""
-    f = module_file(module)
-    if f is None:
-        return frozenset()
-    is_package = f.name == "__init__.py"
-    out = set()
-    for node in ast.walk(_tree(module)):
-        names: list[str] = []
+def _imported_names(module: str, tree: ast.Module, is_package: bool) -> list[str]:
+    """Every dotted name an import statement anywhere in `tree` names, relative ones resolved."""
+    names: list[str] = []
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
+            names += [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 here = module.split(".") if is_package else module.split(".")[:-1]
                 base = ".".join(here[: len(here) - node.level + 1] + ([base] if base else []))
-            names = [f"{base}.{a.name}" for a in node.names]
-        for n in names:
-            t = _target(n, module.partition(".")[0])
-            if t and t != module:
-                out.add(t)
-    return frozenset(out)
+            names += [f"{base}.{a.name}" for a in node.names]
+    return names
+
+
+@cache
+def imports(module: str) -> frozenset[str]:
+    """The modules of this package (and of the module's own top-level package) that `module`
+    imports, by any import statement anywhere in it."""
+    facts = _facts(module)
+    if facts is None:
+        return frozenset()
+    targets = (_target(n, module.partition(".")[0]) for n in facts["names"])
+    return frozenset(t for t in targets if t and t != module)
 
 
 def parents(module: str) -> list[str]:
@@ -155,7 +158,59 @@ def source_meaning(source: str) -> str:
 
 @cache
 def meaning(module: str) -> str:
-    return hashlib.sha256(_canonical(_tree(module)).encode()).hexdigest()
+    facts = _facts(module)
+    return facts["meaning"] if facts is not None else hashlib.sha256(b"").hexdigest()
+
+
+# Parsing and walking every module a pipeline runs takes about a second on each `dvc repro`.
+# What a file means and what it imports follow from its name and bytes alone, so both are kept
+# under the sha256 of those (a changed file is a new key; nothing is ever stale), in the user's
+# cache folder. A cache that cannot be read or written is only slower.
+_MEMO_FILE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / PACKAGE / "code-meanings.json"
+_MEMO_MAX = 4000
+_memo: dict[str, dict] | None = None
+_memo_added: list[str] = []
+
+
+def _memo_table() -> dict[str, dict]:
+    global _memo
+    if _memo is None:
+        try:
+            _memo = json.loads(_MEMO_FILE.read_text(encoding="utf-8"))
+            assert isinstance(_memo, dict)
+        except (OSError, ValueError, AssertionError):
+            _memo = {}
+        atexit.register(_save_memo)
+    return _memo
+
+
+def _save_memo() -> None:
+    if not _memo_added or _memo is None:
+        return
+    try:
+        _MEMO_FILE.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _MEMO_FILE.with_name(f"{_MEMO_FILE.name}.{os.getpid()}.tmp")
+        kept = dict(list(_memo.items())[-_MEMO_MAX:])  # the newest: every edit adds a key
+        tmp.write_text(json.dumps(kept), encoding="utf-8")
+        os.replace(tmp, _MEMO_FILE)
+    except OSError:
+        pass
+
+
+def _facts(module: str) -> dict | None:
+    """{"meaning": sha256 of its canonical tree, "names": what it imports}, or None: no file."""
+    f = module_file(module)
+    if f is None:
+        return None
+    data = f.read_bytes()
+    key = hashlib.sha256(f"{module}\0{f.name}\0".encode() + data).hexdigest()
+    table = _memo_table()
+    if key not in table:
+        tree = ast.parse(data.decode("utf-8"))
+        meant = hashlib.sha256(_canonical(tree).encode()).hexdigest()
+        table[key] = {"meaning": meant, "names": _imported_names(module, tree, f.name == "__init__.py")}
+        _memo_added.append(key)
+    return table[key]
 
 
 def constant(module: str, name: str) -> object:
