@@ -38,7 +38,8 @@ IDENTITY = {
 LONGEST_FIRST = (
     "test_train.py", "test_pipeline_e2e.py", "test_remote.py", "test_promote_crash.py",
     "test_report.py", "test_registry.py", "test_lm.py", "test_promote.py", "test_export.py", "test_serve.py",
-    "test_elastic.py", "test_gpu_recipe.py", "test_confinement.py", "test_numerics.py",
+    "test_elastic.py", "test_gpu_recipe.py", "test_own_family.py", "test_confinement.py", "test_numerics.py",
+    "test_code_identity.py", "test_doctor.py",
 )  # fmt: skip
 
 
