@@ -17,6 +17,7 @@ import yaml
 
 from reprogate.pipeline import runner
 from reprogate.pipeline.context import runs_for
+from reprogate.pipeline.stages.code import built_from
 from reprogate.specs.gate import GateSpec
 from reprogate.specs.loader import load_params, load_spec
 from reprogate.specs.pipeline import Part, Pipeline, load_pipeline
@@ -51,16 +52,10 @@ def code(name: str, root: Path | None = None, per_model: bool = False) -> list[s
     return [Path(os.path.relpath(repo / LOCK, root)).as_posix(), files[1]]
 
 
-def _trained_under(p: Pipeline, name: str) -> list[str]:
-    """The trained candidates a model rests on: itself, or what it is built from, all the way down."""
-    m = p.models[name]
-    return [name] if m.trained else [t for s in m.family_def.sources(m) for t in _trained_under(p, s)]
-
-
 def _slots(p: Pipeline, name: str) -> dict[str, str]:
     """An ensemble's members (an export's source's, or the source itself) in four scalar slots:
     DVC templates take scalars only, so the last one repeats."""
-    members = _trained_under(p, name)
+    members = [m for m in built_from(p, name) if p.models[m].trained]  # the trained ones it rests on
     slots = runner.module("combine").MAX_MEMBERS
     return {f"m{i + 1}": members[min(i, len(members) - 1)] for i in range(slots)}
 

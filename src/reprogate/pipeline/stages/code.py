@@ -26,10 +26,11 @@ PER_MODEL = None
 PINNED = False  # writes no float: it needs neither torch nor the numeric pin
 
 
-def _under(p: Pipeline, name: str) -> set[str]:
-    """The families of every candidate model `name` is built from, all the way down."""
+def built_from(p: Pipeline, name: str) -> list[str]:
+    """Every candidate model `name` is built from, all the way down, depth first (an export's
+    source, then that ensemble's members)."""
     spec = p.models[name]
-    return {f for s in spec.family_def.sources(spec) for f in {p.models[s].family, *_under(p, s)}}
+    return [m for s in spec.family_def.sources(spec) for m in (s, *built_from(p, s))]
 
 
 def wanted(p: Pipeline) -> dict[Path, tuple[str, str | None, tuple[str, ...]]]:
@@ -51,7 +52,7 @@ def wanted(p: Pipeline) -> dict[Path, tuple[str, str | None, tuple[str, ...]]]:
                     f"as family '{fam}' is; two families of one project need two names (the name of "
                     "their spec section and of code/<stage>/<name>.json)"
                 )
-            below.update(_under(p, n))
+            below.update(p.models[m].family for m in built_from(p, n))
         for name, (fam, below) in sorted(groups.items()):
             out[paths.code_identity(stage, name)] = (stage, fam, tuple(sorted(below)))
     return out
