@@ -651,10 +651,10 @@ def _frozen(**changes) -> dict:
 
 def test_an_ensemble_with_a_neighbour_vote_answers_as_it_was_evaluated(tmp_path):
     from reprogate.folder.scorer import Scorer
-    from reprogate.models.ensemble import MEMORY
     from reprogate.specs.loader import load_spec
     from reprogate.specs.model import ModelSpec
     from reprogate.utils.jsonl import read_jsonl
+    from reprogate.utils.paths import NEIGHBOUR_MEMORY as MEMORY
     from tests.conftest import run_cli
 
     root = make_home_project(tmp_path)

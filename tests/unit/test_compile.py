@@ -16,7 +16,6 @@ from reprogate.records import code
 from reprogate.specs.family import family
 from reprogate.specs.loader import load_spec
 from reprogate.specs.model import ModelSpec
-from reprogate.utils import imports
 from tests.conftest import REPO
 
 
@@ -62,6 +61,14 @@ def _imports(module: Path) -> set[Path]:
                 if alias.name.startswith("reprogate."):
                     out |= _with_packages(_module_file(alias.name.split(".")[1:]))
     return out
+
+
+def _parts_asked(module: Path) -> set[str]:
+    """The family parts a module asks for: the constant of each `<x>.part("scorer")` call."""
+    calls = [n for n in ast.walk(ast.parse(module.read_text())) if isinstance(n, ast.Call)]
+    named = [c.args[0] for c in calls if isinstance(c.func, ast.Attribute) and c.func.attr == "part"]
+    assert all(isinstance(a, ast.Constant) for a in named), f"{module}: a part named by a value"
+    return {a.value for a in named}
 
 
 def _closure(start: set[Path]) -> set[Path]:
@@ -116,10 +123,16 @@ def test_every_module_a_stage_runs_is_in_its_code_identity(stage, cmd, item, dep
     if item:  # the stage runs its model's family's parts, and those of what it is built from
         built_from = {item[k] for k in ("m1", "m2", "m3", "m4", "source") if k in item}
         families = {item["family"], *(load_spec(_spec(m), ModelSpec).family for m in built_from)}
-        parts = imports.stage_parts(name)  # the family's parts the stage runs (None: all)
-        for f in families:
-            for m in family(f).references_to_code(parts):
-                start |= _with_packages(_module_file(m.split(".")[1:]))
+        # The family's parts the stage's code asks for, and those their code asks for in turn.
+        parts: set[str] = set()
+        while True:
+            for f in families:
+                for m in family(f).references_to_code(tuple(parts)):
+                    start |= _with_packages(_module_file(m.split(".")[1:]))
+            more = {p for f in _closure(start) for p in _parts_asked(f)} - parts
+            if not more:
+                break
+            parts |= more
     needed = {str(f.relative_to(REPO)) for f in _closure(start)} - {"src/reprogate/__init__.py"}
     missing = sorted(needed - _identity_files(rel))
     assert not missing, f"{stage} runs {missing} but code/{rel}.json does not cover them"

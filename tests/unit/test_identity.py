@@ -80,3 +80,22 @@ def test_every_stage_depends_on_its_identity_not_its_source(tmp_path):
     assert compile_dvc.code("gate", None) == ["requirements.lock", "code/gate.json"]
     assert compile_dvc.code("code", None) == []
     assert not any(d.startswith("src/") for d in deps)
+
+
+def test_a_stage_holds_the_family_parts_its_code_asks_for():
+    # Read from the `.part("...")` calls of the code a stage runs, never listed by hand: training
+    # asks for the setup, whose code asks for the build and the assets; scoring asks for the scorer.
+    from reprogate.records import code
+    from reprogate.specs.family import family
+
+    encoder = family("encoder")
+    train = code.stage_family_code("train", encoder)
+    scoring = code.stage_family_code("evaluate", encoder)
+    assert "reprogate.train.run" in train and "reprogate.models.encoder" in train
+    assert "reprogate.folder.scorer" not in imports.stage_modules("train") | set(train)
+    assert "reprogate.train.run" not in scoring and "reprogate.folder.scorer" in scoring
+
+
+def test_a_part_named_by_a_value_counts_every_part(tmp_path):
+    tree = imports.ast.parse("def f(fam, which):\n    return fam.part(which), fam.part('build')\n")
+    assert imports._parts_asked(tree) == sorted({imports.ANY_PART, "build"})

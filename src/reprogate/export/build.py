@@ -42,27 +42,20 @@ def versions() -> dict[str, str]:
     return {p: md.version(p) for p in ("onnxruntime", "onnx", "torch")}
 
 
-def _assets(out: Path, source: Scorer, inputs: list[Input]) -> None:
-    """assets/inputs.json and each encoder member's tokenizer file."""
+def _assets(out: Path, inputs: list[Input]) -> None:
+    """assets/inputs.json and the files each member's preprocessing reads (a tokenizer)."""
     assets = out / "assets"
-    folders = {source.name: source.dir, **{s.name: s.dir for s in _members(source)}}
     for spec in inputs:
-        if spec.kind == "tokens":
-            tokenizer = folders[spec.member] / "assets" / "tokenizer" / "tokenizer.json"
-            if not tokenizer.is_file():
+        for name, source in spec.files.items():
+            if not source.is_file():
                 raise UserError(
-                    f"{tokenizer} is missing: the export needs the fast tokenizer its member was trained "
-                    f"with. `dvc repro --force train@{spec.member}` writes it again."
+                    f"{source} is missing: the export needs the file its member {spec.member}'s "
+                    f"preprocessing reads. `dvc repro --force train@{spec.member}` writes it again."
                 )
-            (assets / spec.member).mkdir()
-            shutil.copyfile(tokenizer, assets / spec.member / "tokenizer.json")
+            (assets / spec.member).mkdir(exist_ok=True)
+            shutil.copyfile(source, assets / spec.member / name)
     inputs_json = [{"member": i.member, "kind": i.kind, "config": i.config} for i in inputs]
     (out / INPUTS).write_text(json.dumps(inputs_json, indent=2) + "\n")
-
-
-def _members(source: Scorer) -> list[Scorer]:
-    scorers = getattr(source.featurizer, "scorers", None)
-    return scorers() if scorers else []
 
 
 def write_folder(root: Path, name: str, spec: ModelSpec, source: Scorer) -> None:
@@ -70,7 +63,7 @@ def write_folder(root: Path, name: str, spec: ModelSpec, source: Scorer) -> None
     out = root / paths.model_dir(name)
     clear(out)  # a model folder's files; model.onnx is written whole below
     graph, inputs = build_graph(source)
-    _assets(out, source, inputs)
+    _assets(out, inputs)
     to_onnx(graph, inputs, out / ONNX, spec.export)
     (out / "labels.json").write_text(json.dumps(source.labels, indent=1, ensure_ascii=False) + "\n")
     key = {

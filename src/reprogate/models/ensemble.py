@@ -29,7 +29,6 @@ from reprogate.utils import paths
 from reprogate.utils.errors import UserError
 from reprogate.utils.hashing import sha256_file
 
-MEMORY = paths.NEIGHBOUR_MEMORY
 # A label no neighbour votes for keeps this much probability, so its log stays finite.
 FLOOR = 1e-3
 
@@ -135,7 +134,7 @@ class EnsembleFeaturizer:
                 f"combine@{folder.name}` so the ensemble is fitted to its current members, or restore them."
             )
         if self.near is not None:
-            memory = folder / MEMORY
+            memory = folder / paths.NEIGHBOUR_MEMORY
             try:
                 self.load_neighbours(memory, n_out)
             except (SafetensorError, FileNotFoundError, KeyError) as e:

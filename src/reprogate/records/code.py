@@ -30,17 +30,31 @@ class CodeIdentity(Record):
 
 
 def family_code(
-    declared: Family, under: Iterable[Family] = (), parts: tuple[str, ...] | None = None
+    declared: Family, under: Iterable[Family] = (), parts: Iterable[str] | None = None
 ) -> tuple[str, ...]:
     """The modules a stage that runs `parts` of a family (None: all) runs for a model of
     `declared`, built from models of `under`."""
-    return tuple(sorted({m for f in (declared, *under) for m in f.references_to_code(parts)}))
+    chosen = None if parts is None else tuple(parts)
+    return tuple(sorted({m for f in (declared, *under) for m in f.references_to_code(chosen)}))
+
+
+def stage_family_code(stage: str, declared: Family, under: Iterable[Family] = ()) -> tuple[str, ...]:
+    """The modules of a family (and of those it is built from) that `stage` runs: the parts its
+    code asks for by name (`.part("scorer")`), and those the code of those parts asks for in
+    turn, until nothing new is asked (read from the source, never listed by hand)."""
+    under = tuple(under)
+    asked = imports.parts_asked(imports.stage_modules(stage))
+    while True:
+        mods = family_code(declared, under, asked)
+        more = imports.parts_asked(imports.closure(*mods))
+        if asked is None or (more is not None and more <= asked):
+            return mods
+        asked = None if more is None else asked | more
 
 
 def current(stage: str, named: str | None = None, under: Iterable[str] = ()) -> CodeIdentity:
     """What `stage` means now, for models of the family `named` (None: a stage of the pipeline)."""
-    parts = imports.stage_parts(stage)
-    extra = family_code(family(named), [family(u) for u in under], parts) if named else ()
+    extra = stage_family_code(stage, family(named), [family(u) for u in under]) if named else ()
     identity, meanings = imports.stage_identity(stage, extra)
     return CodeIdentity(
         stage=stage, identity=identity, modules=meanings, family=named, under=sorted(set(under))
@@ -53,12 +67,18 @@ def changed(old: CodeIdentity | None, new: CodeIdentity) -> list[str]:
     return sorted(m for m in before.keys() | new.modules.keys() if before.get(m) != new.modules.get(m))
 
 
+def saved_files(root: Path) -> list[Path]:
+    """Every identity file under code/: code/<stage>.json and code/<stage>/<family>.json."""
+    folder = root / paths.CODE
+    return sorted([*folder.glob("*.json"), *folder.glob("*/*.json")])
+
+
 def stale(root: Path) -> list[str]:
     """The identities whose committed file no longer says what their code means (`train/ngram`):
     a plain `git status` cannot tell, and DVC only finds out when stage `code` has run."""
     out = []
     folder = root / paths.CODE
-    for f in sorted([*folder.glob("*.json"), *folder.glob("*/*.json")]):
+    for f in saved_files(root):
         saved, _ = parse(f, CodeIdentity)
         try:
             now = saved and current(saved.stage, saved.family, saved.under)

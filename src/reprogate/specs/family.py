@@ -62,7 +62,6 @@ class Family:
     # no calibration, no routing policy and no labels.json.
     generates: ClassVar[bool] = False
     planned: ClassVar[bool] = False  # may train for budget.train_minutes (`reprogate plan`)
-    exportable: ClassVar[bool] = False  # an export (ONNX) may compile it
     # Compiled from a source (an export): the gate also reads how well the two agree.
     compiled: ClassVar[bool] = False
     data: ClassVar[str] = "data"  # the `kind:` of the data spec it learns from ("text": a corpus)
@@ -71,10 +70,18 @@ class Family:
     # assets(folder, spec, module, featurizer): what a model folder's assets/ holds beside the
     # weights (None: the featurizer's key as featurizer.json).
     assets: ClassVar[Any] = None
+    # onnx(scorer) -> (torch module from its inputs to (logits, embedding), [export.graph.Input]):
+    # its graph in an export (export/graph.py). None: no export can compile it.
+    onnx: ClassVar[Any] = None
     # The class that opens its model folder and scores texts (predict, evaluate, serve).
     scorer: ClassVar[Any] = "reprogate.folder.scorer:Scorer"
     # What sets a training run up (data, model, optimizer, checkpoints); train/job.py runs it.
     setup: ClassVar[Any] = "reprogate.train.run:Setup"
+
+    @property
+    def exportable(self) -> bool:
+        """Whether an export (ONNX) may compile it: it declares its graph."""
+        return type(self).onnx is not None
 
     def rules(self, spec: Any) -> None:
         """Rules on the spec alone beyond its section's own; raise ValueError with the fix."""

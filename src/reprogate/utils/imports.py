@@ -198,19 +198,45 @@ def _save_memo() -> None:
 
 
 def _facts(module: str) -> dict | None:
-    """{"meaning": sha256 of its canonical tree, "names": what it imports}, or None: no file."""
+    """{"meaning": sha256 of its canonical tree, "names": what it imports, "parts": the family
+    parts it asks for}, or None: no file."""
     f = module_file(module)
     if f is None:
         return None
     data = f.read_bytes()
-    key = hashlib.sha256(f"{module}\0{f.name}\0".encode() + data).hexdigest()
+    key = hashlib.sha256(f"{_FACTS_VERSION}\0{module}\0{f.name}\0".encode() + data).hexdigest()
     table = _memo_table()
     if key not in table:
         tree = ast.parse(data.decode("utf-8"))
-        meant = hashlib.sha256(_canonical(tree).encode()).hexdigest()
-        table[key] = {"meaning": meant, "names": _imported_names(module, tree, f.name == "__init__.py")}
+        table[key] = {
+            "meaning": hashlib.sha256(_canonical(tree).encode()).hexdigest(),
+            "names": _imported_names(module, tree, f.name == "__init__.py"),
+            "parts": _parts_asked(tree),
+        }
         _memo_added.append(key)
     return table[key]
+
+
+_FACTS_VERSION = 2  # what _facts records; a new field is a new key, never a stale entry
+ANY_PART = "*"
+
+
+def _parts_asked(tree: ast.Module) -> list[str]:
+    """The family parts a module asks for by name, `family.part("scorer")` (specs/family.py);
+    ANY_PART when one is named by a value the source does not spell out, which then means all."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "part":
+            arg = node.args[0] if len(node.args) == 1 and not node.keywords else None
+            literal = isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+            out.add(arg.value if literal else ANY_PART)  # type: ignore[union-attr]
+    return sorted(out)
+
+
+def parts_asked(mods: set[str]) -> frozenset[str] | None:
+    """The family parts the modules `mods` ask for (None: any part, so all of them count)."""
+    asked = {p for m in mods for p in (_facts(m) or {"parts": []})["parts"]}
+    return None if ANY_PART in asked else frozenset(asked)
 
 
 def constant(module: str, name: str) -> object:
@@ -231,13 +257,6 @@ def stage_modules(stage: str) -> set[str]:
     top = f"{PACKAGE}.pipeline.stages.{stage}"
     runs = (stage, *(constant(top, "RUNS") or ()))
     return closure(*(f"{PACKAGE}.pipeline.stages.{n}" for n in runs)) - {PACKAGE}
-
-
-def stage_parts(stage: str) -> tuple[str, ...] | None:
-    """The parts of a model's family (specs/family.py) a per-model stage runs, by its
-    FAMILY_PARTS (None: it declares none, so all of them count)."""
-    parts = constant(f"{PACKAGE}.pipeline.stages.{stage}", "FAMILY_PARTS")
-    return tuple(parts) if parts is not None else None  # type: ignore[arg-type]
 
 
 def stage_identity(stage: str, extra: tuple[str, ...] = ()) -> tuple[str, dict[str, str]]:

@@ -18,9 +18,6 @@ from reprogate.specs.pipeline import Pipeline, load_pipeline
 from reprogate.utils.paths import SCORED_FILES
 
 PER_MODEL = "all"
-# The parts of its model's family it runs (its model folder opened for scoring):
-# its code identity holds those only.
-FAMILY_PARTS = ("scorer", "build")
 NUMERIC = True  # its outputs are floats: it reruns when params.yaml's numerics change
 
 

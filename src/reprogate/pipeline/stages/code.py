@@ -86,7 +86,7 @@ def run(ctx: Context) -> Result:
             f.parent.mkdir(parents=True, exist_ok=True)
             f.write_text(dumps(new))
     folder = ctx.root / paths.CODE
-    for left in sorted({*folder.glob("*.json"), *folder.glob("*/*.json")} - {ctx.root / f for f in files}):
+    for left in sorted(set(code.saved_files(ctx.root)) - {ctx.root / f for f in files}):
         left.unlink()  # a stage or family the project no longer runs
         changed.append(f"{left.relative_to(folder).with_suffix('').as_posix()} (gone)")
     said = f"{len(changed)} changed: {'; '.join(changed)}" if changed else "every stage's code as before"

@@ -15,9 +15,6 @@ from reprogate.specs.pipeline import Pipeline, augments
 from reprogate.utils import paths
 
 PER_MODEL = "trained"
-# The parts of its model's family it runs (its featurizer):
-# its code identity holds those only.
-FAMILY_PARTS = ("build",)
 NUMERIC = True  # its outputs are floats: it reruns when params.yaml's numerics change
 
 

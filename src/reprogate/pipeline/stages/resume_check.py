@@ -22,9 +22,6 @@ from reprogate.pipeline.context import Context, Result, trained_families, union
 from reprogate.specs.pipeline import Pipeline
 
 PER_MODEL = "trained"
-# The parts of its model's family it runs (the train stage's, which it runs):
-# its code identity holds those only.
-FAMILY_PARTS = ("setup", "build", "assets")
 NUMERIC = True  # its outputs are floats: it reruns when params.yaml's numerics change
 # It runs the train stage as child processes: that stage's code is this one's too.
 RUNS = ("train",)

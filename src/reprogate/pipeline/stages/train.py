@@ -26,9 +26,6 @@ from reprogate.specs.pipeline import Pipeline, augments
 from reprogate.utils.paths import AUGMENTED
 
 PER_MODEL = "trained"
-# The parts of its model's family it runs (a run's setup builds the model and writes its folder's assets):
-# its code identity holds those only.
-FAMILY_PARTS = ("setup", "build", "assets")
 NUMERIC = True  # its outputs are floats: it reruns when params.yaml's numerics change
 
 

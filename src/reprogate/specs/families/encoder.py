@@ -143,7 +143,7 @@ def resolve_encoder_path(model: str, root: Path) -> str:
 class Encoder(Family):
     name = "encoder"
     config = EncoderConfig
-    exportable = True
+    onnx = "reprogate.export.graphs.encoder:onnx"
     build = "reprogate.models.encoder:build"
     assets = "reprogate.models.encoder:export_assets"
 

@@ -62,7 +62,7 @@ class Ensemble(Family):
     def sources(self, spec: Any) -> list[str]:
         return list(spec.ensemble.members)
 
-    exportable = True
+    onnx = "reprogate.export.graphs.ensemble:onnx"
     build = "reprogate.models.ensemble:build"
 
     def references(self, spec: Any, root: Path) -> None:

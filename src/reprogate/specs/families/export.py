@@ -72,12 +72,17 @@ class Export(Family):
         if not path.is_file():
             raise Refused(("export", "source"), f"export.source names '{name}', but {path} does not exist")
         source = load_spec(path, ModelSpec)
-        if not source.family_def.exportable:
-            raise Refused(
-                ("export", "source"),
-                f"export.source '{name}' is of family {source.family}, which has no ONNX graph; an export "
-                "compiles a classifier of family ngram, encoder or ensemble: name one of those",
-            )
+        for m in [name, *source.family_def.sources(source)]:
+            built = source if m == name else load_spec(root / paths.model_spec(m), ModelSpec)
+            if not built.family_def.exportable:
+                within = "" if m == name else f", whose member '{m}' is"
+                raise Refused(
+                    ("export", "source"),
+                    f"export.source '{name}'{within} of family {built.family}, which declares no ONNX "
+                    "graph (its family's `onnx`, docs/your-own-model.md); an export compiles a "
+                    "classifier whose family declares one (ngram, encoder, an ensemble of those): "
+                    "name one of those",
+                )
         if source.data != spec.data:
             raise Refused(
                 ("data",),

@@ -28,5 +28,5 @@ class NgramConfig(Strict):
 class Ngram(Family):
     name = "ngram"
     config = NgramConfig
-    exportable = True
+    onnx = "reprogate.export.graphs.ngram:onnx"
     build = "reprogate.models.ngram:build"
