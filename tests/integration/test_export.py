@@ -159,6 +159,7 @@ def test_a_fine_tuned_encoder_exports_to_the_logits_torch_computes(tmp_path, mod
     from reprogate.export.graph import build_graph
     from reprogate.export.onnx_file import to_onnx
     from reprogate.export.runtime import INPUTS, Runtime
+    from reprogate.folder.manifest import Files
     from reprogate.models import encoder
     from reprogate.specs.families.export import ExportConfig
     from reprogate.specs.model import ModelSpec
@@ -190,5 +191,5 @@ def test_a_fine_tuned_encoder_exports_to_the_logits_torch_computes(tmp_path, mod
         json.dumps([{"member": i.member, "kind": i.kind, "config": i.config} for i in inputs])
     )
     to_onnx(graph, inputs, tmp_path / "model.onnx", ExportConfig(source="enc", quantize="none"))
-    got = torch.from_numpy(Runtime(tmp_path, 2, 16).logits(texts))
+    got = torch.from_numpy(Runtime(Files.read(tmp_path), 2, 16).logits(texts))
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)

@@ -12,6 +12,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -299,6 +300,38 @@ def test_production_is_served_only_from_the_promoted_files(tmp_path):
     with pytest.raises(UserError, match=rf"pins {promoted}, but .*retrained since.*--model models/tiny"):
         load_servable(root)
     assert load_servable(root, root / "models" / "tiny").version != promoted
+
+
+_OPENED: list[str] | None = None  # the files opened while a test counts them
+
+
+def _count_opens(event: str, args: tuple) -> None:
+    if _OPENED is not None and event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+        _OPENED.append(os.fsdecode(args[0]))
+
+
+def test_production_is_loaded_from_the_bytes_its_pins_were_checked_on(tmp_path):
+    # Each file of the promoted ensemble and of its members is read once: the sha256 checked
+    # against production.json is of the very bytes the weights, labels and calibration load from.
+    global _OPENED
+    from collections import Counter
+
+    from reprogate.predict.production import load_servable
+
+    root = _duo_project(tmp_path)
+    _promote_by_hand(root, "duo")
+    pinned = {str(root / p) for p in json.loads((root / "models/production.json").read_text())["artifacts"]}
+    assert {p.rpartition("/")[0].rpartition("/")[2] for p in pinned} >= {"duo", "tiny", "tiny2"}
+    sys.addaudithook(_count_opens)
+    _OPENED = []
+    try:
+        loaded = load_servable(root)
+    finally:
+        opened, _OPENED = Counter(o for o in _OPENED if o.startswith(str(root / "models"))), None
+    assert loaded.predict(["turn on the kitchen light"])[0]["model_version"] == loaded.version
+    assert set(opened) >= pinned, f"pinned files never read: {sorted(pinned - set(opened))}"
+    twice = {p: n for p, n in opened.items() if n > 1}
+    assert not twice, f"read more than once while loading production: {twice}"
 
 
 DAMAGE = {
@@ -627,7 +660,9 @@ def test_a_neighbour_vote_is_the_softmax_of_its_nearest_similarities(tmp_path):
     assert int(lp[1].argmax()) == 1 and lp[1].exp()[3] == pytest.approx(FLOOR / 4, abs=1e-6)
     # What is stored is what votes: the memory read back from its file gives the same numbers.
     near.save(tmp_path / "n.safetensors")
-    again = Neighbours.load(tmp_path / "n.safetensors", near.config, 4)
+    from safetensors.torch import load_file
+
+    again = Neighbours.from_tensors(load_file(str(tmp_path / "n.safetensors")), near.config, 4)
     assert torch.equal(again.log_probs(torch.tensor([[3.0, 0.2], [0.1, 1.0]])), lp)
     # k beyond the memory: every item votes.
     wide = Neighbours.from_features(NeighboursConfig(member="m", k=50), memory, labels, 4)

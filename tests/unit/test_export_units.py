@@ -164,7 +164,7 @@ def tokenizers():
 
     # 16 tokens, so that long texts are cut (the closing [SEP] kept) as often as not.
     torch_side = TokenFeaturizer(AutoTokenizer.from_pretrained(str(MINILM)), 16, "m")
-    return torch_side, Preprocess("m", "tokens", {"max_length": 16}, MINILM / "tokenizer.json")
+    return torch_side, Preprocess("m", "tokens", {"max_length": 16}, (MINILM / "tokenizer.json").read_text())
 
 
 @settings(max_examples=150, deadline=None)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from reprogate.folder.manifest import Files
 from reprogate.utils.errors import UserError
 from reprogate.utils.ngrams import ngram_ids
 from reprogate.utils.text import canonical
@@ -47,22 +48,23 @@ def padded(rows: list[list[int]], dtype) -> tuple[np.ndarray, np.ndarray]:
 class Preprocess:
     """One member's inputs from texts."""
 
-    def __init__(self, member: str, kind: str, cfg: dict, tokenizer_file: Path | None = None):
+    def __init__(self, member: str, kind: str, cfg: dict, tokenizer_json: str | None = None):
         self.member, self.kind = member, kind
         if kind == "tokens":
             from tokenizers import Tokenizer
 
-            self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
+            self.tokenizer = Tokenizer.from_str(tokenizer_json or "")
             self.tokenizer.no_padding()
             self.tokenizer.enable_truncation(cfg["max_length"])
         else:
             self.grams = (tuple(cfg["word_ngrams"]), tuple(cfg["char_ngrams"]), cfg["buckets"])
 
     @classmethod
-    def of(cls, folder: Path, spec: dict) -> Preprocess:
+    def of(cls, files: Files, spec: dict) -> Preprocess:
         """A member's preprocessing as assets/inputs.json of an export folder declares it."""
-        tokenizer = folder / "assets" / spec["member"] / "tokenizer.json"
-        return cls(spec["member"], spec["kind"], spec["config"], tokenizer)
+        tokenizer = f"assets/{spec['member']}/tokenizer.json"
+        text = files.bytes(tokenizer).decode("utf-8") if spec["kind"] == "tokens" else None
+        return cls(spec["member"], spec["kind"], spec["config"], text)
 
     def rows(self, texts: list[str]) -> list[list[int]]:
         if self.kind == "tokens":
@@ -77,22 +79,24 @@ class Preprocess:
 class Runtime:
     """models/<m>/model.onnx in an ONNX Runtime session on `threads` CPU threads."""
 
-    def __init__(self, folder: Path, threads: int, batch: int = 64):
+    def __init__(self, files: Files, threads: int, batch: int = 64):
+        """`files`: the export's folder as read (folder/manifest.py); the session loads the very
+        bytes a promotion's pins were checked on."""
         import onnxruntime as ort
 
-        self.folder, self.batch = folder, batch
+        folder, self.batch = files.dir, batch
         try:
-            inputs = json.loads((folder / INPUTS).read_text())
+            inputs = json.loads(files.bytes(INPUTS.as_posix()))
             self.session = ort.InferenceSession(
-                str(folder / ONNX), session_options(threads), providers=["CPUExecutionProvider"]
+                files.bytes(ONNX), session_options(threads), providers=["CPUExecutionProvider"]
             )
-        except (OSError, ValueError, KeyError, RuntimeError) as e:
+        except (OSError, ValueError, KeyError, RuntimeError, UserError) as e:
             said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise UserError(
                 f"{folder}: the exported model cannot be loaded ({said}); `dvc checkout {folder}` restores "
                 "what DVC cached, or `dvc repro` exports it again."
             ) from None
-        self.members = [Preprocess.of(folder, spec) for spec in inputs]
+        self.members = [Preprocess.of(files, spec) for spec in inputs]
         self.output = self.session.get_outputs()[0].name
 
     def logits(self, texts: list[str]) -> np.ndarray:

@@ -12,13 +12,13 @@ import torch
 
 from reprogate.data.prepared import split_features
 from reprogate.export.runtime import Runtime
-from reprogate.folder.files import damaged, read_calibration
-from reprogate.records.base import load
+from reprogate.folder.files import read_calibration
+from reprogate.folder.manifest import Files
 from reprogate.records.train import Fingerprint, ModelConfig
 from reprogate.specs.base import OOS_LABEL
 from reprogate.specs.model import ModelSpec
 from reprogate.utils import paths
-from reprogate.utils.errors import UserError, read_json
+from reprogate.utils.errors import UserError
 
 
 class RuntimeFeaturizer:
@@ -26,14 +26,14 @@ class RuntimeFeaturizer:
 
     truncated = 0  # the runtime truncates as its source did; features@source counted it
 
-    def __init__(self, key: dict, folder: Path, threads: int, batch: int):
-        self._key, self.folder, self.threads, self.batch = key, folder, threads, batch
+    def __init__(self, key: dict, files: Files, threads: int, batch: int):
+        self._key, self.files, self.threads, self.batch = key, files, threads, batch
         self._runtime: Runtime | None = None
 
     @property
     def runtime(self) -> Runtime:
         if self._runtime is None:
-            self._runtime = Runtime(self.folder, self.threads, self.batch)
+            self._runtime = Runtime(self.files, self.threads, self.batch)
         return self._runtime
 
     def encode(self, texts: list[str]) -> torch.Tensor:
@@ -62,11 +62,14 @@ class ExportScorer:
         model_dir: Path | None = None,
         device: str | None = None,
         members_dir: Path | None = None,  # unused: the graph holds its members
+        files: Files | None = None,  # the folder as read and verified (folder/manifest.py)
+        members: dict | None = None,  # unused, as members_dir
     ):
         self.root, self.name = root, name
         self.dir = model_dir or root / paths.model_dir(name)
-        config = load(self.dir / "config.json", ModelConfig, damaged(self.dir))
-        self.labels: list[str] = read_json(self.dir / "labels.json", damaged(self.dir))
+        self.files = files or Files.read(self.dir)
+        config = self.files.record("config.json", ModelConfig)
+        self.labels: list[str] = self.files.json("labels.json")
         self.spec = ModelSpec.model_validate(config.spec)
         if device not in (None, "auto", "cpu"):
             raise UserError(
@@ -75,15 +78,16 @@ class ExportScorer:
                 f"model (--model models/{self.spec.export.source}) on {device}."
             )
         self.device = torch.device("cpu")
-        self.fingerprint = load(self.dir / "fingerprint.json", Fingerprint, damaged(self.dir))
+        self.fingerprint = self.files.record("fingerprint.json", Fingerprint)
         export = self.spec.export
-        self.featurizer = RuntimeFeaturizer(config.featurizer, self.dir, self.spec.threads, export.calls_of)
+        self.featurizer = RuntimeFeaturizer(config.featurizer, self.files, self.spec.threads, export.calls_of)
         self._temperature: float | None = None
 
     @property
     def temperature(self) -> float:
         if self._temperature is None:
-            self._temperature = read_calibration(self.dir / "calibration.json").temperature
+            raw = self.files.json("calibration.json") if self.files.has("calibration.json") else None
+            self._temperature = read_calibration(self.dir / "calibration.json", raw).temperature
         return self._temperature
 
     def logits_for(self, feats: torch.Tensor) -> torch.Tensor:

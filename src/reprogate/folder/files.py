@@ -23,26 +23,13 @@ import torch
 from pydantic import ValidationError
 from safetensors.torch import save_file
 
-from reprogate.records.base import load, write
+from reprogate.folder.manifest import Files, damaged
+from reprogate.records.base import write
 from reprogate.records.calibration import CalibrationRecord
 from reprogate.records.train import Fingerprint, ModelConfig
 from reprogate.specs.model import ModelSpec
 from reprogate.utils import paths
 from reprogate.utils.errors import UserError, first_problem, read_json
-from reprogate.utils.hashing import sha256_file
-
-
-def damaged(model_dir: Path) -> str:
-    """The fix for a model folder with a missing or damaged file."""
-    if paths.PROMOTED.name in model_dir.parts:
-        return (
-            f"the kept copy {model_dir} is damaged: delete {model_dir.parent} to fall back to the "
-            "workspace's models/ (when it holds the promoted files)."
-        )
-    return (
-        f"the model folder {model_dir} is damaged: `dvc checkout {model_dir}` restores what DVC cached, "
-        "or `dvc repro` rebuilds it."
-    )
 
 
 def clear(out: Path) -> Path:
@@ -93,18 +80,19 @@ def export_trained(
     write_folder(out, model, config, labels, fingerprint)
 
 
-def model_version(model_dir: Path) -> str:
+def model_version(folder: Path | Files) -> str:
     """NAME@<12 hex> of the trained weights (an ensemble's folded with its members'; an export's
     graph holds everything), so two different models never share a version because they share
-    a spec."""
-    digest = hashlib.sha256(sha256_file(paths.weights_in(model_dir)).encode())
-    members = load(model_dir / "fingerprint.json", Fingerprint, damaged(model_dir)).members
+    a spec. From the files as read (a folder is read now)."""
+    files = folder if isinstance(folder, Files) else Files.read(folder)
+    weights = next((w for w in paths.WEIGHTS if files.has(w)), paths.WEIGHTS[0])
+    digest = hashlib.sha256(files.sha256(weights).encode())
+    members = files.record("fingerprint.json", Fingerprint).members
     if members:
         digest.update(json.dumps(members, sort_keys=True).encode())
-    memory = model_dir / paths.NEIGHBOUR_MEMORY
-    if memory.is_file():
-        digest.update(sha256_file(memory).encode())
-    return f"{model_dir.name}@{digest.hexdigest()[:12]}"
+    if files.has(paths.NEIGHBOUR_MEMORY.as_posix()):
+        digest.update(files.sha256(paths.NEIGHBOUR_MEMORY.as_posix()).encode())
+    return f"{files.dir.name}@{digest.hexdigest()[:12]}"
 
 
 def read_calibration(path: Path, contents: object = None) -> CalibrationRecord:

@@ -7,20 +7,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 
 from reprogate import models
 from reprogate.data.prepared import split_features
-from reprogate.folder.files import damaged, read_calibration
+from reprogate.folder.files import read_calibration
+from reprogate.folder.manifest import Files
 from reprogate.models.base import OnDevice, predict_logits
-from reprogate.records.base import load
 from reprogate.records.train import Fingerprint, ModelConfig
 from reprogate.runtime.device import SERVE_DEVICE_FIX, configure_mps_env, resolve_device, scoring_device
 from reprogate.specs.base import OOS_LABEL
 from reprogate.specs.model import ModelSpec
 from reprogate.utils import paths
-from reprogate.utils.errors import UserError, read_json
+from reprogate.utils.errors import UserError
 from reprogate.utils.text import canonical
 
 
@@ -34,17 +32,22 @@ class Scorer:
         model_dir: Path | None = None,
         device: str | None = None,
         members_dir: Path | None = None,
+        files: Files | None = None,
+        members: dict[str, Files] | None = None,
     ):
         """`device` (auto|cpu|cuda|mps) overrides the spec's training device: serving is a
         deployment choice, and a model trained on a GPU must answer on a CPU-only host. Without
         it, pipeline stages score on runtime.scoring_device.
-        `members_dir` holds an ensemble's member folders (default models/)."""
+        `members_dir` holds an ensemble's member folders (default models/). `files` and
+        `members` are the folders as already read and verified (folder/manifest.py); what is
+        not given is read here, each file once."""
         self.root, self.name = root, name
         self.dir = model_dir or root / paths.model_dir(name)
-        if not (self.dir / "config.json").is_file():
+        self.files = files or Files.read(self.dir)
+        if not self.files.has("config.json"):
             raise UserError(f"{self.dir}: no trained model here; run `dvc repro train@{name}` first.")
-        config = load(self.dir / "config.json", ModelConfig, damaged(self.dir))
-        self.labels: list[str] = read_json(self.dir / "labels.json", damaged(self.dir))
+        config = self.files.record("config.json", ModelConfig)
+        self.labels: list[str] = self.files.json("labels.json")
         self.spec = ModelSpec.model_validate(config.spec)
         configure_mps_env(self.spec)
         if device is None:
@@ -56,25 +59,27 @@ class Scorer:
         if hasattr(self.featurizer, "encoder_sha256"):
             self._check_encoder(config.featurizer)
         self._load_weights()
-        self.fingerprint = load(self.dir / "fingerprint.json", Fingerprint, damaged(self.dir))
+        self.fingerprint = self.files.record("fingerprint.json", Fingerprint)
         if bind := getattr(self.featurizer, "bind", None):  # built from other model folders
-            members_dir = members_dir or root / paths.MODELS
+            under = members_dir or root / paths.MODELS
+            read = dict(members or {})
+
+            def files_of(m: str) -> Files:
+                if m not in read:
+                    read[m] = Files.read(under / m)
+                return read[m]
+
             bind(
-                members_dir,
-                lambda m: Scorer(root, m, members_dir / m, device),
+                files_of,
+                lambda m: Scorer(root, m, under / m, device, files=files_of(m)),
                 self.fingerprint,
-                self.dir,
+                self.files,
                 len(self.labels),
-                damaged(self.dir),
             )
         self._temperature: float | None = None
 
     def _load_weights(self) -> None:
-        weights = self.dir / "model.safetensors"
-        try:
-            state = load_file(str(weights))
-        except (SafetensorError, FileNotFoundError) as e:
-            raise UserError(f"{weights} cannot be read ({e}); {damaged(self.dir)}") from None
+        state = self.files.tensors("model.safetensors")
         if isinstance(self.featurizer, OnDevice):
             # A frozen encoder's folder holds the head; models trained before the head-only
             # export also hold the encoder's weights, which the featurizer loads itself.
@@ -99,7 +104,9 @@ class Scorer:
     def temperature(self) -> float:
         """The calibrated temperature (calibration.json beside the weights), read once."""
         if self._temperature is None:
-            self._temperature = read_calibration(self.dir / "calibration.json").temperature
+            # Read with the folder if it was there then; calibrate@m writes it after opening it.
+            raw = self.files.json("calibration.json") if self.files.has("calibration.json") else None
+            self._temperature = read_calibration(self.dir / "calibration.json", raw).temperature
         return self._temperature
 
     def logits_for(self, feats) -> torch.Tensor:

@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from reprogate.folder.files import model_version
+from reprogate.folder.manifest import Files
 from reprogate.lm import scoring as lm_eval
 from reprogate.lm.folder import load_lm
 from reprogate.lm.tokenizer import LmTokenizer
@@ -78,8 +79,9 @@ def evaluate(root: Path, name: str, log=None) -> dict[str, Any]:
     device = scoring_device(spec, spec_path)
     seed_everything(spec.seed, spec.threads, device)
     model_dir = root / paths.model_dir(name)
-    model, tok, _ = load_lm(model_dir, device)
-    version = model_version(model_dir)
+    files = Files.read(model_dir)  # each file once: the version is of the bytes loaded
+    model, tok, _ = load_lm(model_dir, device, files)
+    version = model_version(files)
     context = spec.causal_lm.context
     sets = {}
     for part in SETS:

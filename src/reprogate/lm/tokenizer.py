@@ -93,10 +93,11 @@ def train(cfg: TokenizerConfig, train_text: str, all_text: str) -> LmTokenizer:
     return BpeTokenizer(tok)
 
 
-def load(path: Path) -> LmTokenizer:
-    """A tokenizer.json written by `train` (either kind)."""
+def load(path: Path, data: bytes | None = None) -> LmTokenizer:
+    """A tokenizer.json written by `train` (either kind), from `data` when it was read already."""
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        text = (path.read_bytes() if data is None else data).decode("utf-8")
+        raw = json.loads(text)
     except (OSError, ValueError) as e:
         raise UserError(
             f"{path}: cannot read the tokenizer ({e}); `dvc repro` rebuilds it (tokenize@<m>)."
@@ -105,4 +106,4 @@ def load(path: Path) -> LmTokenizer:
         return CharTokenizer(raw["chars"])
     from tokenizers import Tokenizer
 
-    return BpeTokenizer(Tokenizer.from_str(path.read_text(encoding="utf-8")))
+    return BpeTokenizer(Tokenizer.from_str(text))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -30,6 +31,18 @@ class Featurizer(Protocol):
     def to_tensors(self, feats: Any) -> dict[str, torch.Tensor]: ...
 
     def from_tensors(self, t: dict[str, torch.Tensor]) -> Any: ...
+
+
+class FolderFiles(Protocol):
+    """A model folder's files as whoever opened it read them (folder/manifest.Files): what a
+    family built from other folders (an ensemble) hashes and loads, without reading them again."""
+
+    dir: Path
+    damaged: str
+
+    def sha256(self, rel: str) -> str: ...
+
+    def tensors(self, rel: str) -> dict[str, torch.Tensor]: ...
 
 
 @runtime_checkable

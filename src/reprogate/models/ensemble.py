@@ -18,11 +18,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
-from reprogate.models.base import Featurizer
+from reprogate.models.base import Featurizer, FolderFiles
 from reprogate.specs.families.ensemble import NeighboursConfig
 from reprogate.specs.model import ModelSpec
 from reprogate.utils import paths
@@ -50,8 +49,8 @@ class Neighbours:
         return cls(config, nn.functional.normalize(embedding.float(), dim=1), label, n_out)
 
     @classmethod
-    def load(cls, path: Path, config: NeighboursConfig, n_out: int) -> Neighbours:
-        t = load_file(str(path))
+    def from_tensors(cls, t: dict[str, torch.Tensor], config: NeighboursConfig, n_out: int) -> Neighbours:
+        """The memory as its file holds it (save)."""
         return cls(config, t["embedding"], t["label"], n_out)
 
     def save(self, path: Path) -> None:
@@ -98,6 +97,8 @@ class EnsembleFeaturizer:
         self.load_members: Callable[[], list[Member]] | None = None
         self._scorers: list[Member] | None = None
         self._key: tuple[Path, dict] | None = None
+        # Each member's folder as its opener read it (bind); unbound (combine), read from disk.
+        self._files_of: Callable[[str], FolderFiles] | None = None
 
     def scorers(self) -> list[Member]:
         if self._scorers is None:
@@ -109,36 +110,34 @@ class EnsembleFeaturizer:
     def _stack(logits_per_member) -> torch.Tensor:
         return torch.stack([torch.log_softmax(x.double() / t, -1).float() for x, t in logits_per_member], 1)
 
-    def load_neighbours(self, path: Path, n_out: int) -> None:
-        self.neighbours = Neighbours.load(path, self.near, n_out)
-
     def bind(
         self,
-        members_dir: Path,
+        files_of: Callable[[str], FolderFiles],
         open_member: Callable[[str], Member],
         fingerprint: Any,
-        folder: Path,
+        own: FolderFiles,
         n_out: int,
-        damaged: str,
     ) -> None:
-        """Bound by whoever opens the ensemble's folder: where its members are, how one is
-        opened (on the ensemble's device), checked against the member files it was fitted on."""
-        self.models_dir = members_dir
+        """Bound by whoever opens the ensemble's folder (`own`, as read): each member's folder as
+        read (`files_of`), how one is opened (on the ensemble's device), checked against the
+        member files it was fitted on, hashed from the bytes the members then load."""
+        first = files_of(self.members[0]).dir.parent if self.members else self.models_dir
+        self.models_dir, self._files_of = first, files_of
         self.load_members = lambda: [open_member(m) for m in self.members]
         combined, now = fingerprint.members or {}, self.key()["members"]
         changed = sorted(m for m in now if now[m] != combined.get(m))
         if changed:
             raise UserError(
-                f"{folder}: combined from other versions of {', '.join(changed)} than {members_dir} "
+                f"{own.dir}: combined from other versions of {', '.join(changed)} than {first} "
                 f"holds now (their weights or calibration changed since). Rerun `dvc repro "
-                f"combine@{folder.name}` so the ensemble is fitted to its current members, or restore them."
+                f"combine@{own.dir.name}` so the ensemble is fitted to its current members, or restore them."
             )
         if self.near is not None:
-            memory = folder / paths.NEIGHBOUR_MEMORY
+            memory = paths.NEIGHBOUR_MEMORY.as_posix()
             try:
-                self.load_neighbours(memory, n_out)
-            except (SafetensorError, FileNotFoundError, KeyError) as e:
-                raise UserError(f"{memory} cannot be read ({e}); {damaged}") from None
+                self.neighbours = Neighbours.from_tensors(own.tensors(memory), self.near, n_out)
+            except KeyError as e:
+                raise UserError(f"{own.dir / memory} cannot be read (no {e}); {own.damaged}") from None
 
     def parts(self) -> list[str]:
         """What each slice of the features is: the members, then the neighbour vote."""
@@ -188,16 +187,18 @@ class EnsembleFeaturizer:
                 {
                     "family": "ensemble",
                     **({"neighbours": self.near.model_dump()} if self.near else {}),
-                    "members": {
-                        m: {
-                            "model": sha256_file(d / m / "model.safetensors"),
-                            "calibration": sha256_file(d / m / "calibration.json"),
-                        }
-                        for m in self.members
-                    },
+                    "members": {m: self._member_hashes(m) for m in self.members},
                 },
             )
         return self._key[1]
+
+    def _member_hashes(self, m: str) -> dict[str, str]:
+        files = ("model.safetensors", "calibration.json")
+        if self._files_of is not None:
+            read = self._files_of(m)
+            return dict(zip(("model", "calibration"), (read.sha256(f) for f in files), strict=True))
+        d = self.models_dir / m
+        return dict(zip(("model", "calibration"), (sha256_file(d / f) for f in files), strict=True))
 
     def config(self) -> dict:
         return {"members": self.members, **({"neighbours": self.near.model_dump()} if self.near else {})}

@@ -19,7 +19,7 @@ from reprogate.records.evaluation import EvalMetrics, Evaluation, PredictionLine
 from reprogate.specs.data import DataSpec
 from reprogate.specs.loader import load_spec
 from reprogate.utils import jsonl, paths
-from reprogate.utils.errors import read_json
+from reprogate.utils.errors import UserError
 from reprogate.utils.hashing import sha256_file
 from reprogate.utils.jsonl import read_jsonl
 from reprogate.utils.stats import bootstrap_ci, macro_f1, per_class
@@ -36,12 +36,12 @@ def eval_sets(data: DataSpec) -> dict[str, tuple[str, str | None]]:
 def evaluate(root: Path, name: str) -> dict[str, Any]:
     scorer = open_scorer(root, name)
     calibration_path = scorer.dir / "calibration.json"
-    calibration = read_calibration(
-        calibration_path, read_json(calibration_path, f"run `dvc repro calibrate@{name}` first.")
-    )
+    if not scorer.files.has("calibration.json"):
+        raise UserError(f"{calibration_path} does not exist; run `dvc repro calibrate@{name}` first.")
+    calibration = read_calibration(calibration_path, scorer.files.json("calibration.json"))
     policy = Policy.of(calibration)
     data = load_spec(root / scorer.spec.data, DataSpec)
-    version = model_version(scorer.dir)
+    version = model_version(scorer.files)
 
     pred_dir = root / paths.predictions_dir(name)
     if pred_dir.exists():

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from reprogate.folder.files import model_version
+from reprogate.folder.manifest import Files
 from reprogate.lm.folder import load_lm
 from reprogate.lm.tokenizer import LmTokenizer
 from reprogate.models.causal_lm import CausalLm
@@ -89,12 +90,15 @@ def load_generator(root: Path, model_dir: Path | None = None, device: str = "aut
                 "POST /generate answer with a language model; use `reprogate predict` there, or run this in "
                 "the language-model project (lm/)."
             )
-        model_dir, _ = production_files(root, record)
+        opened = production_files(root, record)
+        model_dir, files = opened.dir, opened.files
     elif not is_language_model(model_dir):
         raise UserError(f"--model {model_dir}: not a language-model folder (no assets/tokenizer.json).")
+    else:
+        files = Files.read(model_dir)
     dev = resolve_device(device, "--device", "Use --device cpu.")
-    model, tokenizer, _ = load_lm(model_dir, dev)
-    version = record.model_version if record else model_version(model_dir)
+    model, tokenizer, _ = load_lm(model_dir, dev, files)
+    version = record.model_version if record else model_version(files)
     loaded = LoadedLm(model_dir.name, version, model, tokenizer, record, source, dev, model_dir)
     loaded.model.generate(tokenizer.encode(tokenizer.decode([0])), 1, 1.0, None, torch.Generator())
     return loaded

@@ -21,12 +21,13 @@ from typing import Any
 import yaml
 
 from reprogate.export.scorer import ExportScorer
-from reprogate.folder.files import model_version
+from reprogate.folder import manifest
+from reprogate.folder.files import model_version, read_calibration
+from reprogate.folder.pins import Pins, verified
 from reprogate.folder.scorer import Scorer
 from reprogate.predict import requests, shipped
 from reprogate.predict.calibration import Policy, prediction, probabilities
 from reprogate.predict.scorers import open_scorer
-from reprogate.records import pinned
 from reprogate.records.base import load, validated
 from reprogate.records.production import RESTORE_PRODUCTION, ProductionRecord, Promoted
 from reprogate.records.train import Fingerprint
@@ -120,7 +121,7 @@ def production_sha256(root: Path) -> str | None:
     return Sources.read(root).identity()
 
 
-def pins_of(root: Path, record: Promoted) -> pinned.Pins:
+def pins_of(root: Path, record: Promoted) -> Pins:
     """Every file of the promoted model and its members, as the promotion commit pins them: the
     record's sha256s and the md5s of that commit's dvc.lock (none in a copy without git)."""
     commit = record.code_commit
@@ -132,58 +133,69 @@ def pins_of(root: Path, record: Promoted) -> pinned.Pins:
             except (yaml.YAMLError, AttributeError, TypeError, KeyError):
                 continue  # a damaged lock pins nothing; the record's own sha256s still must hold
     where = f"{paths.PRODUCTION} (and dvc.lock at {commit[:12]})" if md5 and commit else str(paths.PRODUCTION)
-    return pinned.Pins(record.artifacts or {}, md5, where)
+    return Pins(record.artifacts or {}, md5, where)
 
 
-def _mismatch(
-    record: Promoted, model_dir: Path, members_dir: Path, pins: pinned.Pins, since: str
-) -> str | None:
-    """Why `model_dir` (with its members in `members_dir`) is not the promoted model, or None:
-    the version (weights, an ensemble's members), the calibrated policy, then every byte of
-    every file the model and its members load, against what the promotion pins."""
+@dataclass(frozen=True)
+class Opened:
+    """The promoted model's folder and its members' as read once and verified: what is served."""
+
+    dir: Path
+    files: manifest.Files
+    members_dir: Path
+    members: dict[str, manifest.Files]
+
+
+def _opened(record: Promoted, model_dir: Path, members_dir: Path, pins: Pins, since: str) -> Opened | str:
+    """`model_dir` (with its members in `members_dir`) read once and checked against the
+    promotion, or why it is not the promoted model: every byte of every file the model and its
+    members load against what the promotion pins, the version (weights, an ensemble's members)
+    and the calibrated policy, all from the bytes read."""
+    files, why = verified(model_dir, record.model, pins)
     calibrated = not record.generates  # a language model has no routing policy
-    if not paths.weights_in(model_dir).is_file() or (
-        calibrated and not (model_dir / "calibration.json").is_file()
-    ):
+    if not any(files.has(w) for w in paths.WEIGHTS) or (calibrated and not files.has("calibration.json")):
         return f"{model_dir} is not built"
-    if why := pinned.check(model_dir, record.model, pins):
+    if why:
         return f"{why}, {since}"
-    if (now := model_version(model_dir)) != record.model_version:
+    if (now := model_version(files)) != record.model_version:
         return f"{model_dir} holds {now}, {since}"
     pinned_policy = record.calibration
     if pinned_policy:
         levels = {k: getattr(pinned_policy, k) for k in requests.RULES}
         kept = Policy(pinned_policy.temperature, pinned_policy.threshold, pinned_policy.margin, **levels)
-        if Policy.load(model_dir / "calibration.json") != kept:
+        raw = files.json("calibration.json")
+        if Policy.of(read_calibration(model_dir / "calibration.json", raw)) != kept:
             return f"{model_dir}/calibration.json was refitted, {since}"
-    members = load(model_dir / "fingerprint.json", Fingerprint, "it is pinned, so it reads").members or {}
-    for member in members:
-        if why := pinned.check(members_dir / member, member, pins):
+    members: dict[str, manifest.Files] = {}
+    for member in files.record("fingerprint.json", Fingerprint).members or {}:
+        members[member], why = verified(members_dir / member, member, pins)
+        if why:
             return f"{why}, {since}"
-    return None
+    return Opened(model_dir, files, members_dir, members)
 
 
-def production_files(root: Path, record: Promoted) -> tuple[Path, Path]:
-    """(model folder, members folder) of the promoted model: the kept copy if there is one, else
-    the workspace's models/ if it still holds exactly the promoted files, else a kept copy
-    restored from the files shipped with the project (models/shipped)."""
+def production_files(root: Path, record: Promoted) -> Opened:
+    """The promoted model, read and verified: the kept copy if there is one, else the
+    workspace's models/ if it still holds exactly the promoted files, else a kept copy restored
+    from the files shipped with the project (models/shipped)."""
     version, name = record.model_version, record.model
     kept = root / paths.PROMOTED / version
     pins = pins_of(root, record)
     if not (kept / name).is_dir():
-        why = _mismatch(record, root / paths.model_dir(name), root / paths.MODELS, pins, "retrained since")
-        if why is None:
-            return root / paths.model_dir(name), root / paths.MODELS
-        _restore_shipped(root, record, kept, why, pins)
-    if why := _mismatch(record, kept / name, kept, pins, "changed after the promotion"):
+        here = _opened(record, root / paths.model_dir(name), root / paths.MODELS, pins, "retrained since")
+        if isinstance(here, Opened):
+            return here
+        _restore_shipped(root, record, kept, here, pins)
+    opened = _opened(record, kept / name, kept, pins, "changed after the promotion")
+    if isinstance(opened, str):
         raise UserError(
-            f"{root / paths.PRODUCTION} pins {version}, but its kept copy {why}. Delete {kept} to "
+            f"{root / paths.PRODUCTION} pins {version}, but its kept copy {opened}. Delete {kept} to "
             f"fall back to the workspace's models/{name}, or promote again after a passing gate."
         )
-    return kept / name, kept
+    return opened
 
 
-def _restore_shipped(root: Path, record: Promoted, kept: Path, why: str, pins: pinned.Pins) -> None:
+def _restore_shipped(root: Path, record: Promoted, kept: Path, why: str, pins: Pins) -> None:
     """The kept copy, from the shipped remote at the promotion's commit; or the paragraph with
     the two ways a clone gets the promoted files."""
     name, version, commit = record.model, record.model_version, record.code_commit
@@ -197,7 +209,7 @@ def _restore_shipped(root: Path, record: Promoted, kept: Path, why: str, pins: p
             members = load(tmp / name / "fingerprint.json", Fingerprint, "restored from models/shipped")
             for member in members.members or {}:
                 shipped.restore(root, commit, member, tmp / member)
-            if wrong := _mismatch(record, tmp / name, tmp, pins, "not the promoted files"):
+            if isinstance(wrong := _opened(record, tmp / name, tmp, pins, "not the promoted files"), str):
                 raise LookupError(wrong)
     except (LookupError, OSError, UserError) as e:
         raise UserError(
@@ -237,25 +249,28 @@ def load_servable(root: Path, model_dir: Path | None = None, device: str = "auto
         sources = Sources.read(root)
         source = sources.identity()
         record = read_promoted(root, sources)
-        model_dir, members_dir = production_files(root, record)
+        opened = production_files(root, record)
     else:
-        members_dir = model_dir.parent
-        if not (model_dir / "config.json").is_file():
+        opened = Opened(model_dir, manifest.Files.read(model_dir), model_dir.parent, {})
+        if not opened.files.has("config.json"):
             near = {str(c.parent) for d in (model_dir, model_dir.parent) for c in d.glob("*/config.json")}
             raise UserError(
                 f"--model {model_dir}: no trained model in that folder; give one of "
                 f"{', '.join(sorted(near)) or 'the model folders `dvc repro` writes under models/'}."
             )
-    if not (model_dir / "calibration.json").is_file():
+    model_dir, files = opened.dir, opened.files
+    if not files.has("calibration.json"):
         raise UserError(
             f"{model_dir}: no calibration.json; run `dvc repro calibrate@{model_dir.name}` first."
         )
-    scorer = open_scorer(root, model_dir.name, model_dir, device=device, members_dir=members_dir)
+    scorer = open_scorer(
+        root, model_dir.name, model_dir, device, opened.members_dir, files=files, members=opened.members
+    )
     loaded = Loaded(
         name=model_dir.name,
-        version=record.model_version if record else model_version(model_dir),
+        version=record.model_version if record else model_version(files),
         scorer=scorer,
-        policy=Policy.load(model_dir / "calibration.json"),
+        policy=Policy.of(read_calibration(model_dir / "calibration.json", files.json("calibration.json"))),
         record=record,
         source_sha256=source,
     )

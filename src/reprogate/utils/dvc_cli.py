@@ -88,3 +88,18 @@ def output_md5(path: Path) -> str | None:
     with tempfile.TemporaryDirectory(prefix="reprogate-hash-") as staging:
         _, _, obj = build(HashFileDB(fs, staging), str(path), fs, "md5", dry_run=True)
     return obj.hash_info.value
+
+
+def tree_md5(files: dict[str, bytes]) -> str:
+    """What DVC records for a folder holding `files` (relative path -> bytes), from bytes
+    already read: dvc-data's own tree of each file's md5."""
+    import hashlib
+
+    from dvc_data.hashfile.hash_info import HashInfo
+    from dvc_data.hashfile.tree import Tree
+
+    tree = Tree()
+    for rel, data in sorted(files.items()):
+        tree.add(tuple(rel.split("/")), None, HashInfo("md5", hashlib.md5(data).hexdigest()))
+    tree.digest()
+    return tree.hash_info.value
