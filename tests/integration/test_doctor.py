@@ -122,6 +122,7 @@ def test_write_replaces_a_symlinked_reference_and_refuses_a_folder_leading_outsi
         wrote = _doctor(project, "--write")
         assert wrote.returncode == 0, wrote.stderr[-2000:]
         assert target.read_text() == "untouched" and not (project / REFERENCE).is_symlink()
+        assert "replaced what was there, which this pin cannot keep" in wrote.stdout, wrote.stdout
         folder = project / REFERENCE.parent
         moved = tmp_path / "numerics"
         folder.rename(moved)

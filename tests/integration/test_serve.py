@@ -834,6 +834,7 @@ def test_half_open_connections_never_stop_a_normal_client_and_the_log_stays_smal
         said = log.read_text()
         assert len(said) < 50_000, said[-3000:]
         assert "did not send their request headers (or body) in time" in said and "Traceback" not in said
+        assert "--body-timeout" in said and "--max-connections" in said
     finally:
         for s in stuck:
             s.close()

@@ -242,3 +242,23 @@ def test_a_callers_numpy_feature_list_does_not_stop_numpy_from_loading(tmp_path)
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+
+
+def test_deep_nesting_in_what_verify_and_report_read_is_one_paragraph(tmp_path):
+    # A rebuilt JSON output, a dvc.lock, a revision's per-intent scores nested past Python's
+    # depth: 'different', a refused lock, one paragraph; never a RecursionError.
+    import yaml
+
+    from reprogate.pipeline.verify import compare_file
+    from reprogate.records.revision import Revision
+    from reprogate.utils import dvc_cli
+
+    deep = "[" * 100000 + "]" * 100000
+    (tmp_path / "eval.json").write_text(deep)
+    assert compare_file("eval.json", b"{}", tmp_path / "eval.json", 0.0).verdict == "different"
+    with pytest.raises(yaml.YAMLError, match="nests deeper"):
+        dvc_cli.lock_outputs("stages: " + "[" * 20000 + "]" * 20000)
+    (tmp_path / "plots" / "m").mkdir(parents=True)
+    (tmp_path / "plots" / "m" / "per_intent.json").write_text(deep)
+    with pytest.raises(UserError, match=r"plots/m/per_intent.json at working tree is not the file"):
+        Revision(tmp_path, None).per_intent("m")

@@ -185,3 +185,29 @@ def test_the_runtime_hashes_ngrams_as_the_torch_featurizer_does(text, word_hi, c
     assert runtime.rows([text]) == NgramFeaturizer(cfg["word_ngrams"], cfg["char_ngrams"], 4096).encode(
         [text]
     )
+
+
+def test_a_graph_declaring_tensors_it_does_not_hold_is_refused_before_onnx_runtime_allocates(tmp_path):
+    # A 200-byte model.onnx declaring a 4 TB weight: ONNX Runtime would try to allocate it at
+    # load and the server would be killed at start-up. Refused by name, nothing allocated.
+    import onnx
+    from onnx import TensorProto, helper
+
+    from reprogate.export.runtime import INPUTS, Runtime, declared_bytes
+    from reprogate.folder.manifest import Files
+    from reprogate.utils.errors import UserError
+
+    bomb = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[10**6, 10**6])  # no data
+    node = helper.make_node("MatMul", ["x", "w"], ["y"])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 10**6])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10**6])
+    graph = onnx.helper.make_model(helper.make_graph([node], "g", [x], [y], initializer=[bomb]))
+    data = graph.SerializeToString()
+    assert len(data) < 1000 and declared_bytes(data) == 4 * 10**12
+    (tmp_path / "assets").mkdir()
+    (tmp_path / INPUTS).write_text("[]")
+    (tmp_path / "model.onnx").write_bytes(data)
+    with pytest.raises(
+        UserError, match=r"model.onnx: .*declares 4,000,000,000,000 bytes of tensors .*dvc checkout"
+    ):
+        Runtime(Files.read(tmp_path), 1)

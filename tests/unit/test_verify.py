@@ -289,3 +289,16 @@ def test_a_rebuilt_gate_record_linking_outside_is_not_read(repo, tmp_path):
     (d / "results" / "gate.json").write_text('{"chosen": 3}')
     status, said = verify(repo, "HEAD", d, 1e-6)
     assert "is not a gate record" in said
+
+
+def test_rebuilt_predictions_linking_outside_or_not_predictions_are_named_not_read(repo, tmp_path):
+    from reprogate.pipeline import decisions
+
+    d = _rebuilt(tmp_path)
+    (d / "predictions" / "m").mkdir(parents=True)
+    (d / "predictions" / "m" / "test.jsonl").symlink_to("/etc/passwd")
+    held = decisions.predictions(repo, "HEAD", ["predictions/m"], d)
+    assert "is a link leading outside it; it was not read" in held.unchecked and "root:" not in held.unchecked
+    # A line that is no prediction is named by its number: never a pydantic or recursion traceback.
+    assert decisions._answers(["[" * 5000]).startswith("line 1 is not a prediction")
+    assert decisions._answers(["", '{"id": "7"}']).startswith("line 2 is not a prediction (")

@@ -10,9 +10,11 @@ in their input order.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from reprogate.folder.manifest import Files
 from reprogate.utils.errors import UserError
@@ -76,6 +78,36 @@ class Preprocess:
         return {f"{self.member}.ids": ids, f"{self.member}.mask": mask}
 
 
+def declared_bytes(graph_bytes: bytes) -> int:
+    """The bytes a model.onnx declares for its tensors (initializers, constants, in every
+    subgraph), from its protobuf alone. An export stores every tensor inside the file, so a file
+    that declares far more than it holds is damaged or hostile: ONNX Runtime would try to
+    allocate it at load (a 1 KB file can declare terabytes) and the process would be killed."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.load_model_from_string(graph_bytes)  # external data is never followed from bytes
+    total, todo = 0, [model.graph]
+    while todo:
+        graph = todo.pop()
+        tensors = list(graph.initializer) + [s.values for s in graph.sparse_initializer]
+        for node in graph.node:
+            for attr in node.attribute:
+                tensors += [attr.t] if attr.HasField("t") else []
+                tensors += list(attr.tensors)
+                todo += ([attr.g] if attr.HasField("g") else []) + list(attr.graphs)
+        for t in tensors:
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                raise ValueError(f"tensor {t.name!r} is stored outside the file, which no export does")
+            size = helper.tensor_dtype_to_np_dtype(t.data_type).itemsize if t.data_type else 1
+            total += math.prod(t.dims) * size
+    return total
+
+
+# Beyond this share of the file's own size, the tensors it declares cannot be in it.
+DECLARED_SLACK = 1.05
+
+
 class Runtime:
     """models/<m>/model.onnx in an ONNX Runtime session on `threads` CPU threads."""
 
@@ -87,14 +119,20 @@ class Runtime:
         folder, self.batch = files.dir, batch
         try:
             inputs = json.loads(files.bytes(INPUTS.as_posix()))
+            graph = files.bytes(ONNX)
+            if (declared := declared_bytes(graph)) > len(graph) * DECLARED_SLACK + 4096:
+                raise ValueError(
+                    f"it declares {declared:,} bytes of tensors but is {len(graph):,} bytes long, so "
+                    "its tensors are not in it; loading it would allocate them"
+                )
             self.session = ort.InferenceSession(
-                files.bytes(ONNX), session_options(threads), providers=["CPUExecutionProvider"]
+                graph, session_options(threads), providers=["CPUExecutionProvider"]
             )
-        except (OSError, ValueError, KeyError, RuntimeError, UserError) as e:
+        except (OSError, ValueError, KeyError, RuntimeError, UserError, DecodeError) as e:
             said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise UserError(
-                f"{folder}: the exported model cannot be loaded ({said}); `dvc checkout {folder}` restores "
-                "what DVC cached, or `dvc repro` exports it again."
+                f"{folder / ONNX}: the exported model cannot be loaded ({said}); `dvc checkout {folder}` "
+                "restores what DVC cached, or `dvc repro` exports it again."
             ) from None
         self.members = [Preprocess.of(files, spec) for spec in inputs]
         self.output = self.session.get_outputs()[0].name

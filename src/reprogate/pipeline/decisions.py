@@ -12,9 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from reprogate.records.base import parse
 from reprogate.records.evaluation import PredictionLine
 from reprogate.records.gate import Decision
+from reprogate.utils.errors import first_problem
 
 
 @dataclass
@@ -72,11 +75,16 @@ def gate(path: Path, committed: bytes | None, rebuilt: Path) -> Held:
     return held
 
 
-def _answers(lines: list[str]) -> dict[str, tuple[str, str]]:
+def _answers(lines: list[str]) -> dict[str, tuple[str, str]] | str:
+    """id -> (intent, route) of a predictions file; or which line is not a prediction."""
     out = {}
-    for text in lines:
+    for n, text in enumerate(lines, 1):
         if text.strip():
-            p = PredictionLine.model_validate_json(text)
+            try:
+                p = PredictionLine.model_validate_json(text)
+            except ValidationError as e:
+                field, found = first_problem(e)
+                return f"line {n} is not a prediction ({field or 'the line'}: {found[:80]})"
             out[p.id] = (p.predicted, p.route)
     return out
 
@@ -93,6 +101,9 @@ def predictions(root: Path, rev: str, folders: list[str], rebuilt: Path) -> Held
             return held
         for mine in sorted((rebuilt / folder).rglob("*.jsonl")):
             rel = mine.relative_to(rebuilt).as_posix()
+            if not mine.resolve().is_relative_to(rebuilt.resolve()):
+                held.unchecked = f"the rebuild's {rel} is a link leading outside it; it was not read"
+                return held
             try:
                 with fs.open(rel, "r", encoding="utf-8") as f:
                     theirs = _answers(f.read().splitlines())
@@ -102,7 +113,15 @@ def predictions(root: Path, rev: str, folders: list[str], rebuilt: Path) -> Held
                     f"(`dvc pull` at {rev[:12]}, or verify where that commit was built)"
                 )
                 return held
-            ours = _answers(mine.read_text(encoding="utf-8").splitlines())
+            try:
+                ours = _answers(mine.read_text(encoding="utf-8").splitlines())
+            except UnicodeDecodeError as e:
+                ours = f"byte {e.start} is not UTF-8"
+            for name, answers in ((f"{rev[:12]}'s", theirs), ("the rebuild's", ours)):
+                if isinstance(answers, str):
+                    held.unchecked = f"{name} {rel}: {answers}"
+                    return held
+            assert isinstance(theirs, dict) and isinstance(ours, dict)
             for item in sorted(theirs.keys() | ours.keys()):
                 held.compared += 1
                 if theirs.get(item) != ours.get(item):

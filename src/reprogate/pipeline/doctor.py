@@ -12,7 +12,6 @@ vendor's reference alone cannot say which side a difference is on.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import importlib.metadata
 import platform
@@ -226,15 +225,19 @@ def _write(
             "(`git rm` the link, `mkdir`), then write again."
         )
     old = NumericReference(pin=pin, versions=now, machines={})
+    replaced = ""
     if path.is_file():
-        with contextlib.suppress(UserError):
+        try:
             old = read_reference(path, pin) or old
+        except UserError as e:  # another pin's, or not a reference: replaced, and said so
+            replaced = f"; replaced what was there, which this pin cannot keep ({str(e).split('; ')[0]})"
     kept = old.machines if old.versions == now else {}
     dropped = sorted(set(old.machines) - set(kept))
     machines = {**kept, **{key(m): m for m in measured}}
     write(path, NumericReference(pin=pin, versions=now, machines=machines))
     shown = path.relative_to(root)
     gone = f"; dropped (another library build): {', '.join(dropped)}" if dropped else ""
+    gone += replaced
     print(f"doctor: wrote {len(measured)} fingerprint(s) to {shown} ({len(machines)} machine(s){gone})")
     return 0
 

@@ -50,6 +50,11 @@ class Kind:
     columns: tuple[tuple[str, str], ...] = ()
     # Its candidates answer with text they write (POST /generate), not with a label (POST /predict).
     generates: bool = False
+    # What predict and serve load a model of this kind with: "module:function(root, model_dir,
+    # device)" (named, not imported: serving code is above this module).
+    serves: str = "reprogate.predict.production:load_servable"
+    # What promote writes as models/production.json: "module:function(root, name, cand, config)".
+    production_record: str = "reprogate.promote.promotion:classifier_record"
 
     def judge(
         self, ev: dict | None, resume: dict | None, gate, prod: dict | None, export: dict | None = None
@@ -153,6 +158,8 @@ LANGUAGE_MODEL = Kind(
     ),
     columns=(("val_bits_per_char", "bits_per_char"),),
     generates=True,
+    serves="reprogate.predict.lm:load_generator",
+    production_record="reprogate.promote.promotion:lm_record",
 )
 
 KINDS = {k.name: k for k in (CLASSIFIER, LANGUAGE_MODEL)}

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from reprogate.folder.files import model_version, read_calibration
+from reprogate.pipeline.kinds import KINDS
 from reprogate.predict import requests, shipped
 from reprogate.promote import commit as promote_commit
 from reprogate.promote.versions import next_version, tags_at
@@ -31,7 +32,7 @@ from reprogate.records.production import RESTORE_PRODUCTION, Promoted, Promotion
 from reprogate.records.train import Fingerprint, ModelConfig
 from reprogate.specs.base import spec_hash
 from reprogate.specs.catalog import load_any
-from reprogate.specs.family import family
+from reprogate.specs.family import family, load_object
 from reprogate.specs.loader import load_params
 from reprogate.specs.pipeline import Part
 from reprogate.utils import dvc_cli, git, locks, paths
@@ -167,7 +168,7 @@ def _common(root: Path, name: str, cand: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-def _lm_record(root: Path, name: str, cand: dict[str, Any], config: ModelConfig) -> Promoted:
+def lm_record(root: Path, name: str, cand: dict[str, Any], config: ModelConfig) -> Promoted:
     """A language model's production record: bits per character instead of accuracy and a
     routing policy; the corpus parts' sha256 as its data."""
     corpus = load(root / paths.DATA_RECORD, CorpusRecord, RERUN)
@@ -180,11 +181,16 @@ def _lm_record(root: Path, name: str, cand: dict[str, Any], config: ModelConfig)
 
 
 def _record(root: Path, name: str, cand: dict[str, Any]) -> Promoted:
-    """models/production.json for the gate's chosen candidate, from the pipeline's own files."""
+    """models/production.json for the gate's chosen candidate, from the pipeline's own files: as
+    the kind of its family writes one (pipeline/kinds.py)."""
+    config = load(root / paths.model_dir(name) / "config.json", ModelConfig, RERUN)
+    write = load_object(KINDS[family(config.family).kind].production_record)
+    return write(root, name, cand, config)
+
+
+def classifier_record(root: Path, name: str, cand: dict[str, Any], config: ModelConfig) -> Promoted:
+    """A classifier's production record: held-out accuracy and the calibrated routing policy."""
     model_dir = root / paths.model_dir(name)
-    config = load(model_dir / "config.json", ModelConfig, RERUN)
-    if family(config.family).generates:
-        return _lm_record(root, name, cand, config)
     data = load(root / paths.DATA_RECORD, DataRecord, RERUN)
     evaluation = load(root / paths.results_dir(name) / "eval.json", Evaluation, RERUN)
     policy = read_calibration(model_dir / "calibration.json").policy

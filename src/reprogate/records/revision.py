@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -31,6 +32,8 @@ from reprogate.records.train import Fingerprint
 from reprogate.specs.family import family
 from reprogate.utils import dvc_cli, git, paths
 from reprogate.utils.errors import UserError
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -129,7 +132,7 @@ class Revision:
         raw = self.text(paths.model_spec(model))
         try:
             spec = yaml.safe_load(raw) if raw else None
-        except yaml.YAMLError:
+        except (yaml.YAMLError, RecursionError):
             return False
         if not isinstance(spec, dict):
             return False
@@ -149,24 +152,41 @@ class Revision:
     def per_intent(self, model: str) -> dict[str, float]:
         """Intent -> F1 on the held-out test set (plots/<m>/per_intent.json, or the older
         metrics/<m>/per_intent.json keyed by set)."""
-        raw = self.text(paths.plots_dir(model) / "per_intent.json")
-        if raw is not None:
-            return {r["intent"]: r["f1"] for r in json.loads(raw)}
-        old = self.text(paths.metrics_dir(model) / "per_intent.json")
-        return {k: v["f1"] for k, v in json.loads(old).get("test", {}).items()} if old else {}
+        path = paths.plots_dir(model) / "per_intent.json"
+        if (raw := self.text(path)) is not None:
+            return self._read(path, lambda: {r["intent"]: r["f1"] for r in json.loads(raw)})
+        path = paths.metrics_dir(model) / "per_intent.json"
+        if (old := self.text(path)) is None:
+            return {}
+        return self._read(path, lambda: {k: v["f1"] for k, v in json.loads(old).get("test", {}).items()})
 
     def predictions(self, model: str, split: str = "test") -> dict[str, tuple[str, str, str]]:
         """id -> (text, gold, predicted) of a prediction file; {} when it cannot be read."""
-        raw = self.output(paths.predictions_dir(model) / f"{split}.jsonl")
-        out = {}
-        for line in (raw or "").splitlines():
-            r = json.loads(line)
-            out[str(r["id"])] = (r["text"], r["gold"], r["predicted"])
-        return out
+        path = paths.predictions_dir(model) / f"{split}.jsonl"
+        raw = self.output(path)
+
+        def parsed() -> dict[str, tuple[str, str, str]]:
+            rows = (json.loads(line) for line in (raw or "").splitlines())
+            return {str(r["id"]): (r["text"], r["gold"], r["predicted"]) for r in rows}
+
+        return self._read(path, parsed)
 
     def fingerprint(self, model: str) -> Fingerprint | None:
-        raw = self.output(paths.model_dir(model) / "fingerprint.json")
-        return Fingerprint.model_validate_json(raw) if raw else None
+        path = paths.model_dir(model) / "fingerprint.json"
+        raw = self.output(path)
+        return self._read(path, lambda: Fingerprint.model_validate_json(raw)) if raw else None
+
+    def _read(self, path: Path, parse: Callable[[], T]) -> T:
+        """What `parse` makes of a file of this revision; a file that is not what reprogate wrote
+        there (a wrong shape, nesting deeper than any record) is one paragraph naming it."""
+        try:
+            return parse()
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError, yaml.YAMLError) as e:
+            said = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+            raise UserError(
+                f"{self.who}: {path} at {self.label} is not the file reprogate writes there ({said}). "
+                "Compare revisions whose records `make repro` wrote, or rerun the stage that writes it."
+            ) from None
 
     @cached_property
     def lock(self) -> dict[str, Any]:
@@ -185,7 +205,9 @@ class Revision:
         raw = self.text(lock)
         # libyaml's loader when PyYAML has it: a lock file is read per commit of a registry sync.
         loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-        return (yaml.load(raw, Loader=loader) or {}).get("stages", {}) if raw else {}
+        return (
+            self._read(lock, lambda: (yaml.load(raw, Loader=loader) or {}).get("stages", {})) if raw else {}
+        )
 
     @cached_property
     def blobs(self) -> dict[str, str]:

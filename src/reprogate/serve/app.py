@@ -31,9 +31,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from reprogate.pipeline.kinds import KINDS
-from reprogate.predict.lm import LoadedLm, is_language_model, load_generator
-from reprogate.predict.production import load_servable, production_sha256
+from reprogate.folder.manifest import damaged
+from reprogate.pipeline.kinds import KINDS, Kind
+from reprogate.predict.lm import LoadedLm
+from reprogate.predict.production import production_sha256
+from reprogate.records.base import load as load_record
+from reprogate.records.train import ModelConfig
 from reprogate.serve import admission
 from reprogate.serve import limits as serve_limits
 from reprogate.serve.batching import Busy, MicroBatcher
@@ -47,6 +50,7 @@ from reprogate.serve.schema import (
     PredictRequest,
     PredictResponse,
 )
+from reprogate.specs.family import family, load_object
 from reprogate.specs.pipeline import pipeline_kind
 from reprogate.utils.errors import UserError, relative
 
@@ -57,8 +61,15 @@ log = logging.getLogger("reprogate.serve.app")
 def load(root: Path, model_dir: Path | None = None, device: str = "auto"):
     """What this project serves: its production language model (a project on a text corpus, or
     a language-model folder), else its classifier."""
-    lm = is_language_model(model_dir) if model_dir is not None else KINDS[pipeline_kind(root)].generates
-    return (load_generator if lm else load_servable)(root, model_dir, device)
+    return load_object(_kind(root, model_dir).serves)(root, model_dir, device)
+
+
+def _kind(root: Path, model_dir: Path | None) -> Kind:
+    """The kind of the folder asked for (its config's family), else the project's."""
+    config = model_dir / "config.json" if model_dir is not None else None
+    if config is None or not config.is_file():
+        return KINDS[pipeline_kind(root)]  # no folder, or none there: the loader says what is missing
+    return KINDS[family(load_record(config, ModelConfig, damaged(model_dir)).family).kind]
 
 
 class Holder:
@@ -170,7 +181,9 @@ async def _predicted(batcher: MicroBatcher, loaded: Any, texts: list[str], reque
     """/predict's answer: refused past the cost bounds, 503 when the queue is full, and dropped
     when the client hangs up before it (serve/admission.py, serve/batching.py)."""
     try:
-        cost = admission.rows(texts, loaded.policy.two_requests is not None)
+        # Off the event loop: 64 long texts take milliseconds to cut, which /healthz and the
+        # other clients' bytes should not wait behind.
+        cost = await asyncio.to_thread(admission.rows, texts, loaded.policy.two_requests is not None)
     except admission.Refused as e:
         return _error(e.status, str(e))
     work = asyncio.ensure_future(batcher.predict(loaded, texts, cost))

@@ -74,15 +74,20 @@ class _Closed:
         self.timed_out = self.evicted = 0
         self.said_at = 0.0
 
-    def add(self, kind: str) -> None:
+    def add(self, kind: str, limits: type[GuardedH11]) -> None:
         setattr(self, kind, getattr(self, kind) + 1)
         now = time.monotonic()
         if now - self.said_at >= LOG_WINDOW_S:
             log.warning(
-                "closed %d connection(s) that did not send their request headers (or body) in time and "
-                "evicted %d waiting one(s) at the connection cap (slow or stuck clients)",
+                "closed %d connection(s) that did not send their request headers (or body) in time "
+                "(--header-timeout %g s, --body-timeout %g s) and evicted %d waiting one(s) at the "
+                "connection cap (--max-connections %d): slow or stuck clients; raise those flags for "
+                "clients that are slow on purpose",
                 self.timed_out,
+                limits.header_timeout,
+                limits.body_timeout,
                 self.evicted,
+                limits.max_connections,
             )
             self.timed_out = self.evicted = 0
             self.said_at = now
@@ -117,7 +122,7 @@ class GuardedH11(H11Protocol):
         waiting = [c for c in self.connections if isinstance(c, GuardedH11) and c is not self and c._owing()]
         victim = min(waiting, key=lambda c: c._since) if waiting else self
         victim.transport.close()
-        self.closed.add("evicted")
+        self.closed.add("evicted", type(self))
 
     def _arm(self, seconds: float | None = None) -> None:
         self._disarm()
@@ -132,7 +137,7 @@ class GuardedH11(H11Protocol):
         self._deadline = None
         if self._owing() and not self.transport.is_closing():
             self.transport.close()
-            self.closed.add("timed_out")
+            self.closed.add("timed_out", type(self))
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)

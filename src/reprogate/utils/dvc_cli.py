@@ -72,7 +72,10 @@ def default_remote(root: Path) -> str | None:
 
 def lock_outputs(text: str | bytes | None) -> dict[str, str | None]:
     """Every output path of a dvc.lock with its md5 (a folder's ends in .dir)."""
-    lock = yaml.safe_load(text or "") or {}
+    try:
+        lock = yaml.safe_load(text or "") or {}
+    except RecursionError:
+        raise yaml.YAMLError("it nests deeper than any dvc.lock DVC writes") from None
     return {o["path"]: o.get("md5") for s in lock.get("stages", {}).values() for o in s.get("outs", [])}
 
 
