@@ -41,3 +41,21 @@ def test_history_marks_a_hand_made_production_change_as_unverified(tmp_path):
     lines = history(tmp_path).splitlines()
     assert "evil@2  tidy the record  [unverified: not made by promote]" in lines[1]
     assert "unverified" not in lines[0] and "unverified" not in lines[2]  # a revert, a promotion
+
+
+def test_serving_names_a_production_record_no_promotion_made(tmp_path):
+    # predict and serve answer with what HEAD holds, and say when `reprogate promote` did not
+    # put it there (its subject, a revert of one, or a promotion tag): as `history` marks it.
+    from reprogate.predict.production import unverified
+
+    record = _repo(tmp_path)
+    assert unverified(tmp_path) is None  # promote's subject
+    record.write_text(json.dumps({"model": "evil", "model_version": "evil@2"}))
+    git_cmd(tmp_path, "commit", "-qam", "tidy the record")
+    said = unverified(tmp_path)
+    assert said and "'tidy the record'" in said and "reprogate history" in said
+    git_cmd(tmp_path, "tag", "evil#prod#1")
+    assert unverified(tmp_path) is None  # a promotion tag names that commit
+    git_cmd(tmp_path, "tag", "-d", "evil#prod#1")
+    git_cmd(tmp_path, "revert", "--no-edit", "HEAD")
+    assert unverified(tmp_path) is None

@@ -29,7 +29,13 @@ from reprogate.predict import requests, shipped
 from reprogate.predict.calibration import Policy, prediction, probabilities
 from reprogate.predict.scorers import open_scorer
 from reprogate.records.base import load, validated
-from reprogate.records.production import RESTORE_PRODUCTION, ProductionRecord, Promoted
+from reprogate.records.production import (
+    PROMOTION_STAGE,
+    RESTORE_PRODUCTION,
+    ProductionRecord,
+    Promoted,
+    is_promotion,
+)
 from reprogate.records.train import Fingerprint
 from reprogate.specs.pipeline import PARTS
 from reprogate.utils import dvc_cli, git, paths
@@ -48,6 +54,9 @@ class Loaded:
     policy: Policy
     record: ProductionRecord | None
     source_sha256: str | None
+    # Why the commit that put the record there is not known to be a promotion (None: it is, or
+    # a model folder was asked for by path): served all the same, and said (predict, /version).
+    unverified: str | None = None
 
     def predict(self, texts: list[str]) -> list[dict[str, Any]]:
         start = time.perf_counter()
@@ -114,6 +123,26 @@ class Sources:
             f"with a model no commit names. {RESTORE}; a revert or a merge of it is committed like "
             "any change."
         )
+
+
+def unverified(root: Path) -> str | None:
+    """Why HEAD's production record is not known to be `reprogate promote`'s, or None: the commit
+    that last changed it has promote's subject, is a revert, or carries a promotion tag (as
+    `reprogate history` marks them). A hand-made commit can put any record there; a copy without
+    git has only the record's own hashes, and says nothing here."""
+    if git.git_dir(root) is None:
+        return None
+    line = git.run(root, "log", "-1", "--format=%H %s", "--", str(paths.PRODUCTION), check=False).strip()
+    if not line:
+        return None
+    commit, _, subject = line.partition(" ")
+    tags = git.run(root, "tag", "--points-at", commit, "--list", f"*#{PROMOTION_STAGE}#*", check=False)
+    if is_promotion(subject) or subject.startswith("Revert ") or tags.strip():
+        return None
+    return (
+        f"{paths.PRODUCTION} was last changed by {commit[:12]} ({subject[:60]!r}), which `reprogate "
+        "promote` did not make (no promotion subject or tag); `reprogate history` lists it"
+    )
 
 
 def production_sha256(root: Path) -> str | None:
@@ -273,6 +302,7 @@ def load_servable(root: Path, model_dir: Path | None = None, device: str = "auto
         policy=Policy.of(read_calibration(model_dir / "calibration.json", files.json("calibration.json"))),
         record=record,
         source_sha256=source,
+        unverified=unverified(root) if record else None,
     )
     try:
         loaded.predict(["warm up"])  # first-call costs (allocations, lazy imports) happen here

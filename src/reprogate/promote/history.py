@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from reprogate.promote.promotion import STAGE, is_promotion
+from reprogate.records.production import PROMOTION_STAGE as STAGE
+from reprogate.records.production import is_promotion
 from reprogate.utils import git
 from reprogate.utils.paths import PRODUCTION, PROMOTED
 

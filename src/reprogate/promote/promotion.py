@@ -28,7 +28,13 @@ from reprogate.records.data import DataRecord
 from reprogate.records.evaluation import Evaluation
 from reprogate.records.gate import Decision
 from reprogate.records.lm import CorpusRecord
-from reprogate.records.production import RESTORE_PRODUCTION, Promoted, PromotionJournal
+from reprogate.records.production import (
+    PROMOTION_STAGE,
+    RESTORE_PRODUCTION,
+    Promoted,
+    PromotionJournal,
+    is_promotion,
+)
 from reprogate.records.train import Fingerprint, ModelConfig
 from reprogate.specs.base import spec_hash
 from reprogate.specs.catalog import load_any
@@ -42,7 +48,7 @@ from reprogate.utils.hashing import sha256_file
 from reprogate.utils.paths import PRODUCTION, PROMOTED
 from reprogate.utils.pause import pause_if
 
-STAGE = "prod"
+STAGE = PROMOTION_STAGE
 # What every file promote reads comes from: the pipeline's outputs.
 RERUN = "run `dvc repro` (and `dvc checkout` for a damaged DVC output), commit, and promote again."
 
@@ -50,11 +56,6 @@ RERUN = "run `dvc repro` (and `dvc checkout` for a damaged DVC output), commit, 
 def _subject(name: str, version: str) -> str:
     """A promotion commit's subject line; `is_promotion` recognises it."""
     return f"promote {name} ({version}) to production"
-
-
-def is_promotion(subject: str, name: str | None = None) -> bool:
-    """Whether a commit subject is `_subject`'s (for `name`, when given); a revert's is not."""
-    return subject.startswith(f"promote {name} (" if name else "promote ")
 
 
 def read_decision(root: Path, fix: str, part: Part = "default") -> dict[str, Any]:

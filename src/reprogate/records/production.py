@@ -22,6 +22,16 @@ class PinnedPolicy(Record):
 
 
 # How to recover models/production.json, said wherever it is found damaged.
+# The GTO stage `reprogate promote` tags (NAME#prod#N), and the subject of its commits.
+PROMOTION_STAGE = "prod"
+
+
+def is_promotion(subject: str, name: str | None = None) -> bool:
+    """Whether a commit subject is one `reprogate promote` writes (for `name`, when given); a
+    revert's is not."""
+    return subject.startswith(f"promote {name} (" if name else "promote ")
+
+
 RESTORE_PRODUCTION = (
     "only `reprogate promote` writes it: restore the committed record with "
     "`git checkout HEAD -- models/production.json` (after a merge conflict, take one side whole)"

@@ -86,8 +86,7 @@ def _same_run(old, new):
 
 def _promotions(root: Path) -> list[dict[str, Any]]:
     """Every promotion commit on any branch: its tag and the record it committed."""
-    from reprogate.promote.promotion import is_promotion
-    from reprogate.records.production import ProductionRecord
+    from reprogate.records.production import ProductionRecord, is_promotion
 
     if git.git_dir(root) is None or not git.head(root):
         return []

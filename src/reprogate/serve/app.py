@@ -78,6 +78,7 @@ class Holder:
     def __init__(self, root: Path, model_dir: Path | None, interval: float, device: str = "auto"):
         self.root, self.model_dir, self.interval, self.device = root, model_dir, interval, device
         self.current = load(root, model_dir, device)
+        _say_unverified(self.current)
         self.reload_error: str | None = None
         self.reloads = 0
         self._stop = threading.Event()
@@ -110,6 +111,7 @@ class Holder:
 
             torch.cuda.empty_cache()
         log.info("now serving %s", fresh.version)
+        _say_unverified(fresh)
         return True
 
     def start(self) -> None:
@@ -299,6 +301,7 @@ def describe(cur, root: Path) -> dict[str, Any]:
             "vocab_size": cur.tokenizer.vocab_size,
             "device": str(cur.device),
             "files": relative(str(cur.dir), root),
+            "promotion": _promotion(cur),
         }
     return {
         "model": cur.name,
@@ -315,7 +318,21 @@ def describe(cur, root: Path) -> dict[str, Any]:
         "intents": [x for i, x in enumerate(cur.scorer.labels) if i != cur.scorer.oos_index],
         "device": str(cur.scorer.device),
         "files": relative(str(cur.scorer.dir), root),
+        "promotion": _promotion(cur),
     }
+
+
+def _say_unverified(cur) -> None:
+    if getattr(cur, "unverified", None):
+        log.warning("serving %s, but %s", cur.version, cur.unverified)
+
+
+def _promotion(cur) -> dict[str, Any] | None:
+    """Whether `reprogate promote` made the commit that put production there (None: a folder
+    asked for by path, no production record)."""
+    if cur.record is None:
+        return None
+    return {"verified": cur.unverified is None, **({"why": cur.unverified} if cur.unverified else {})}
 
 
 def _check_address(host: str, port: int) -> None:
