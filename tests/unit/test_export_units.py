@@ -187,27 +187,63 @@ def test_the_runtime_hashes_ngrams_as_the_torch_featurizer_does(text, word_hi, c
     )
 
 
-def test_a_graph_declaring_tensors_it_does_not_hold_is_refused_before_onnx_runtime_allocates(tmp_path):
-    # A 200-byte model.onnx declaring a 4 TB weight: ONNX Runtime would try to allocate it at
-    # load and the server would be killed at start-up. Refused by name, nothing allocated.
+def _graph(nodes, initializer=(), sparse=()) -> bytes:
     import onnx
     from onnx import TensorProto, helper
 
-    from reprogate.export.runtime import INPUTS, Runtime, declared_bytes
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    graph = helper.make_graph(nodes, "g", [x], [y], initializer=list(initializer))
+    graph.sparse_initializer.extend(sparse)
+    return onnx.helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9
+    ).SerializeToString()
+
+
+def _bomb_cases():
+    from onnx import TensorProto, helper
+
+    shape = helper.make_tensor("s", TensorProto.INT64, [2], [10**6, 10**6])
+    fill = helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])
+    folded = [
+        helper.make_node("ConstantOfShape", ["s"], ["big"], value=fill),
+        helper.make_node("ReduceSum", ["big"], ["r"], keepdims=0),
+        helper.make_node("Add", ["x", "r"], ["y"]),
+    ]
+    add = [helper.make_node("Add", ["x", "w"], ["y"])]
+    values = helper.make_tensor("w_values", TensorProto.FLOAT, [1], [1.0])
+    indices = helper.make_tensor("w_indices", TensorProto.INT64, [1], [0])
+    sparse = helper.make_sparse_tensor(values, indices, [10**6, 10**6])
+    negative = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[-(10**6), -(10**6)])
+    return {
+        "a weight declared, not held": (add, [TensorProto(name="w", data_type=1, dims=[10**6, 10**6])], [],
+                                        "declares 4,000,000,000,000 bytes of tensors"),
+        "a constant folded at load": (folded, [shape], [], "declares 4,000,000,000,024 bytes"),
+        "a sparse weight": (add, [], [sparse], "sparse tensors, which no export writes"),
+        "negative dimensions": (add, [negative], [], "negative dimension"),
+    }  # fmt: skip
+
+
+BOMBS = ["a weight declared, not held", "a constant folded at load", "a sparse weight", "negative dimensions"]
+
+
+@pytest.mark.parametrize("case", BOMBS)
+def test_a_graph_that_would_allocate_what_it_does_not_hold_is_refused_before_onnx_runtime_loads_it(
+    tmp_path, case
+):
+    # A few hundred bytes of model.onnx can make ONNX Runtime allocate terabytes when it loads
+    # (a declared weight, a ConstantOfShape it folds): the server would be killed at start-up.
+    # Refused by name from the protobuf, nothing allocated.
+    from reprogate.export.runtime import INPUTS, Runtime
     from reprogate.folder.manifest import Files
     from reprogate.utils.errors import UserError
 
-    bomb = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[10**6, 10**6])  # no data
-    node = helper.make_node("MatMul", ["x", "w"], ["y"])
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 10**6])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10**6])
-    graph = onnx.helper.make_model(helper.make_graph([node], "g", [x], [y], initializer=[bomb]))
-    data = graph.SerializeToString()
-    assert len(data) < 1000 and declared_bytes(data) == 4 * 10**12
+    nodes, initializer, sparse, said = _bomb_cases()[case]
     (tmp_path / "assets").mkdir()
     (tmp_path / INPUTS).write_text("[]")
-    (tmp_path / "model.onnx").write_bytes(data)
+    (tmp_path / "model.onnx").write_bytes(_graph(nodes, initializer, sparse))
     with pytest.raises(
-        UserError, match=r"model.onnx: .*declares 4,000,000,000,000 bytes of tensors .*dvc checkout"
-    ):
+        UserError, match=r"model.onnx: the exported model cannot be loaded .*dvc checkout"
+    ) as e:
         Runtime(Files.read(tmp_path), 1)
+    assert said in str(e.value)

@@ -69,3 +69,21 @@ def test_a_family_that_leads_nowhere_is_one_paragraph_with_the_fix(project, name
     problem = [line for line in out.splitlines() if name in line]
     assert len(problem) == 1, out  # one paragraph: the file, the field, the value and the fix
     assert "mine.yaml" in out and "family" in problem[0]
+
+
+def test_an_export_of_a_family_without_an_onnx_graph_is_refused_at_validate(project):
+    # bow_mlp declares no `onnx`: exporting it, or an ensemble with it as a member, is refused
+    # before anything runs, naming the member and the fix.
+    root, env = project
+    write_model_spec(root, "mine", BOW | {"family": "bow"})
+    ensemble = {"kind": "model", "data": "specs/data/home.yaml", "family": "ensemble"}
+    write_model_spec(root, "both", ensemble | {"ensemble": {"members": ["tiny", "mine"]}})
+    for source, said in (
+        ("mine", "'mine' of family bow"),
+        ("both", "'both', whose member 'mine' is of family bow"),
+    ):
+        export = {"kind": "model", "data": "specs/data/home.yaml", "family": "export"}
+        write_model_spec(root, "out", export | {"export": {"source": source}})
+        done = run_cli("validate", "specs/models/out.yaml", cwd=root, env=env)
+        assert done.returncode != 0 and said in done.stdout + done.stderr, done.stdout + done.stderr
+        assert "declares no ONNX graph" in done.stdout + done.stderr and "Traceback" not in done.stderr

@@ -45,17 +45,30 @@ def test_history_marks_a_hand_made_production_change_as_unverified(tmp_path):
 
 def test_serving_names_a_production_record_no_promotion_made(tmp_path):
     # predict and serve answer with what HEAD holds, and say when `reprogate promote` did not
-    # put it there (its subject, a revert of one, or a promotion tag): as `history` marks it.
-    from reprogate.predict.production import unverified
+    # put it there (its subject, a revert of one, or an annotated promotion tag), as `history`
+    # marks it; where nothing can be checked (no git, a shallow clone) they say that instead.
+    from types import SimpleNamespace
+
+    from reprogate.predict.production import provenance
+    from reprogate.serve.app import _promotion
 
     record = _repo(tmp_path)
-    assert unverified(tmp_path) is None  # promote's subject
+    assert provenance(tmp_path) == (True, None)  # promote's subject
     record.write_text(json.dumps({"model": "evil", "model_version": "evil@2"}))
     git_cmd(tmp_path, "commit", "-qam", "tidy the record")
-    said = unverified(tmp_path)
-    assert said and "'tidy the record'" in said and "reprogate history" in said
-    git_cmd(tmp_path, "tag", "evil#prod#1")
-    assert unverified(tmp_path) is None  # a promotion tag names that commit
-    git_cmd(tmp_path, "tag", "-d", "evil#prod#1")
+    verified, said = provenance(tmp_path)
+    assert verified is False and "'tidy the record'" in said and "reprogate history" in said
+    shown = _promotion(SimpleNamespace(record={}, verified=verified, unverified=said))
+    assert shown == {"verified": False, "why": said}
+    git_cmd(tmp_path, "tag", "evil#prod#1")  # a lightweight tag names nothing, as in history
+    assert provenance(tmp_path)[0] is False
+    git_cmd(tmp_path, "tag", "-a", "evil#prod#2", "-m", "promote")
+    assert provenance(tmp_path) == (True, None)
+    git_cmd(tmp_path, "tag", "-d", "evil#prod#2")
     git_cmd(tmp_path, "revert", "--no-edit", "HEAD")
-    assert unverified(tmp_path) is None
+    assert provenance(tmp_path) == (True, None)
+    shallow = tmp_path / "shallow"
+    git_cmd(tmp_path, "clone", "-q", "--depth", "1", f"file://{tmp_path}", str(shallow))
+    assert provenance(shallow)[0] is None and "shallow clone" in provenance(shallow)[1]
+    (tmp_path / ".git").rename(tmp_path / "git-moved")
+    assert provenance(tmp_path)[0] is None

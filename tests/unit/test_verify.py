@@ -302,3 +302,16 @@ def test_rebuilt_predictions_linking_outside_or_not_predictions_are_named_not_re
     # A line that is no prediction is named by its number: never a pydantic or recursion traceback.
     assert decisions._answers(["[" * 5000]).startswith("line 1 is not a prediction")
     assert decisions._answers(["", '{"id": "7"}']).startswith("line 2 is not a prediction (")
+
+
+def test_a_folder_hashed_from_bytes_read_once_is_what_dvc_records(tmp_path):
+    # folder/pins.py checks a pinned folder output on the bytes it then serves: dvc-data's tree
+    # hash of those bytes must be the md5 DVC wrote in dvc.lock for the folder.
+    from reprogate.folder.manifest import Files
+    from reprogate.utils.dvc_cli import tree_md5
+
+    d = tmp_path / "assets"
+    (d / "tokenizer").mkdir(parents=True)
+    (d / "tokenizer" / "tokenizer.json").write_text('{"a": 1}')
+    (d / "members.json").write_bytes(bytes(range(256)) * 40)
+    assert tree_md5(Files.read(d).data) == output_md5(d)

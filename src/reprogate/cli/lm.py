@@ -81,6 +81,8 @@ def _generate(args: argparse.Namespace) -> int:
             "the language-model project (lm/), or give --model models/NAME."
         )
     loaded = load_generator(root, Path(args.model) if args.model else None, args.device)
+    if loaded.verified is False:
+        print(f"generate: note: {loaded.unverified}", file=sys.stderr)
     out = loaded.generate(args.prompt, args.max_tokens, args.seed, args.temperature, args.top_k)
     print(out["prompt"] + out["text"])
     print(

@@ -123,7 +123,7 @@ def _predict(args: argparse.Namespace) -> int:
             + "; give a file path in an existing folder, e.g. predictions.jsonl."
         )
     loaded = load_servable(_project(), Path(args.model) if args.model else None, args.device)
-    if loaded.unverified:
+    if loaded.verified is False:
         print(f"predict: note: {loaded.unverified}", file=sys.stderr)
     started = time.perf_counter()
     texts = queries.from_file(path, args.max_chars) if path else iter(args.texts)

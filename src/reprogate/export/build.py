@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -30,7 +29,6 @@ from reprogate.specs.base import spec_hash
 from reprogate.specs.loader import load_spec
 from reprogate.specs.model import ModelSpec
 from reprogate.utils import paths
-from reprogate.utils.errors import UserError
 from reprogate.utils.hashing import sha256_file
 
 # What calibrate@m and evaluate@m never read of a model: the training data.
@@ -46,14 +44,9 @@ def _assets(out: Path, inputs: list[Input]) -> None:
     """assets/inputs.json and the files each member's preprocessing reads (a tokenizer)."""
     assets = out / "assets"
     for spec in inputs:
-        for name, source in spec.files.items():
-            if not source.is_file():
-                raise UserError(
-                    f"{source} is missing: the export needs the file its member {spec.member}'s "
-                    f"preprocessing reads. `dvc repro --force train@{spec.member}` writes it again."
-                )
+        for name, data in spec.files.items():
             (assets / spec.member).mkdir(exist_ok=True)
-            shutil.copyfile(source, assets / spec.member / name)
+            (assets / spec.member / name).write_bytes(data)
     inputs_json = [{"member": i.member, "kind": i.kind, "config": i.config} for i in inputs]
     (out / INPUTS).write_text(json.dumps(inputs_json, indent=2) + "\n")
 
@@ -69,7 +62,7 @@ def write_folder(root: Path, name: str, spec: ModelSpec, source: Scorer) -> None
     key = {
         "family": "export",
         "source": source.name,
-        "source_version": model_version(source.dir),
+        "source_version": model_version(source.files),
         "export": spec.export.model_dump(mode="json"),
         "runtime": versions(),
         "onnx_sha256": sha256_file(out / ONNX),

@@ -11,13 +11,15 @@ computes is what the source computes; the stage measures how far the exported ru
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from reprogate.utils.errors import UserError
+
+# The preprocessing export/runtime.py repeats: a tokenizer's ids and mask, or n-gram hashing.
+KINDS = ("tokens", "ngram")
 
 
 @dataclass(frozen=True)
@@ -27,8 +29,9 @@ class Input:
     member: str
     kind: str  # "tokens" (a tokenizer's ids and mask) or "ngram" (hashed ids and mask)
     config: dict
-    # Files the runtime reads for it, copied to assets/<member>/<name> (a tokenizer.json).
-    files: dict[str, Path] = field(default_factory=dict, compare=False)
+    # Files the runtime reads for it, written to assets/<member>/<name> (a tokenizer.json), as
+    # the member's folder was read.
+    files: dict[str, bytes] = field(default_factory=dict, compare=False)
 
     def names(self) -> tuple[str, str]:
         return (f"{self.member}.ids", f"{self.member}.mask")
@@ -55,7 +58,15 @@ def family_graph(scorer: Any) -> tuple[nn.Module, list[Input]]:
             f"models/{scorer.name}: family {declared.name} declares no ONNX graph (its `onnx`), so it "
             "cannot be exported; export a candidate of a family that does (ngram, encoder, ensemble)"
         )
-    return build(scorer)
+    module, inputs = build(scorer)
+    for i in inputs:
+        if i.kind not in KINDS:
+            raise UserError(
+                f"models/{scorer.name}: family {declared.name}'s onnx gives member {i.member!r} inputs "
+                f"of kind {i.kind!r}; the runtime repeats {' or '.join(KINDS)} preprocessing only: "
+                "return one of those from its onnx"
+            )
+    return module, inputs
 
 
 def build_graph(source: Any) -> tuple[Graph, list[Input]]:

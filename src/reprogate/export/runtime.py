@@ -79,29 +79,72 @@ class Preprocess:
 
 
 def declared_bytes(graph_bytes: bytes) -> int:
-    """The bytes a model.onnx declares for its tensors (initializers, constants, in every
-    subgraph), from its protobuf alone. An export stores every tensor inside the file, so a file
-    that declares far more than it holds is damaged or hostile: ONNX Runtime would try to
-    allocate it at load (a 1 KB file can declare terabytes) and the process would be killed."""
+    """The bytes a model.onnx makes ONNX Runtime allocate when it loads: its tensors
+    (initializers and constants) and what the nodes computing only from constants produce,
+    which the runtime folds at load (a 200-byte ConstantOfShape can ask for terabytes). From the
+    protobuf and ONNX's own shape inference alone. An export stores every tensor inside the
+    file, densely, so a graph whose tensors are sparse or stored elsewhere, or whose folded
+    constants have no known size, is refused (ValueError): it is none that `export` writes."""
     import onnx
-    from onnx import helper
 
     model = onnx.load_model_from_string(graph_bytes)  # external data is never followed from bytes
-    total, todo = 0, [model.graph]
-    while todo:
-        graph = todo.pop()
-        tensors = list(graph.initializer) + [s.values for s in graph.sparse_initializer]
-        for node in graph.node:
-            for attr in node.attribute:
-                tensors += [attr.t] if attr.HasField("t") else []
-                tensors += list(attr.tensors)
-                todo += ([attr.g] if attr.HasField("g") else []) + list(attr.graphs)
-        for t in tensors:
-            if t.data_location == onnx.TensorProto.EXTERNAL:
-                raise ValueError(f"tensor {t.name!r} is stored outside the file, which no export does")
-            size = helper.tensor_dtype_to_np_dtype(t.data_type).itemsize if t.data_type else 1
-            total += math.prod(t.dims) * size
+    graph = model.graph
+    total = sum(_tensor_bytes(t) for t in _tensors(graph))
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True).graph
+    known = {v.name: v.type.tensor_type for v in [*inferred.value_info, *inferred.output]}
+    constant = {t.name for t in graph.initializer}
+    for node in inferred.node:
+        if node.op_type == "Constant" or not node.input:
+            constant.update(node.output)
+            continue
+        if all(not name or name in constant for name in node.input):
+            constant.update(node.output)
+            for out in node.output:
+                total += _folded_bytes(out, known.get(out))
     return total
+
+
+def _tensors(graph) -> list:
+    """Every dense tensor stored in the graph and its subgraphs; ValueError for any other."""
+    import onnx
+
+    if graph.sparse_initializer:
+        raise ValueError("it holds sparse tensors, which no export writes")
+    out, todo = list(graph.initializer), [*graph.node]
+    while todo:
+        for attr in todo.pop().attribute:
+            if attr.HasField("sparse_tensor") or attr.sparse_tensors:
+                raise ValueError("it holds sparse tensors, which no export writes")
+            out += ([attr.t] if attr.HasField("t") else []) + list(attr.tensors)
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                out += _tensors(sub)
+    for t in out:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            raise ValueError(f"tensor {t.name!r} is stored outside the file, which no export does")
+    return out
+
+
+def _itemsize(data_type: int) -> int:
+    from onnx import helper
+
+    return helper.tensor_dtype_to_np_dtype(data_type).itemsize if data_type else 1
+
+
+def _tensor_bytes(t) -> int:
+    if any(d < 0 for d in t.dims):
+        raise ValueError(f"tensor {t.name!r} has a negative dimension {list(t.dims)}")
+    return math.prod(t.dims) * _itemsize(t.data_type)
+
+
+def _folded_bytes(name: str, tensor_type) -> int:
+    dims = (
+        [d.dim_value if d.HasField("dim_value") else -1 for d in tensor_type.shape.dim]
+        if tensor_type
+        else [-1]
+    )
+    if tensor_type is None or not tensor_type.HasField("shape") or any(d < 0 for d in dims):
+        raise ValueError(f"{name!r} is computed from constants at load, to a size the graph does not fix")
+    return math.prod(dims) * _itemsize(tensor_type.elem_type)
 
 
 # Beyond this share of the file's own size, the tensors it declares cannot be in it.
@@ -134,7 +177,14 @@ class Runtime:
                 f"{folder / ONNX}: the exported model cannot be loaded ({said}); `dvc checkout {folder}` "
                 "restores what DVC cached, or `dvc repro` exports it again."
             ) from None
-        self.members = [Preprocess.of(files, spec) for spec in inputs]
+        try:
+            self.members = [Preprocess.of(files, spec) for spec in inputs]
+        except Exception as e:  # noqa: BLE001 - the tokenizers library raises plain Exceptions
+            said = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            raise UserError(
+                f"{folder / INPUTS.parent}: a member's preprocessing cannot be read ({said}); "
+                f"`dvc checkout {folder}` restores what DVC cached, or `dvc repro` exports it again."
+            ) from None
         self.output = self.session.get_outputs()[0].name
 
     def logits(self, texts: list[str]) -> np.ndarray:

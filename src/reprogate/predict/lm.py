@@ -21,7 +21,7 @@ from reprogate.folder.manifest import Files
 from reprogate.lm.folder import load_lm
 from reprogate.lm.tokenizer import LmTokenizer
 from reprogate.models.causal_lm import CausalLm
-from reprogate.predict.production import Sources, production_files, read_promoted, unverified
+from reprogate.predict.production import Sources, production_files, provenance, read_promoted
 from reprogate.records.production import Promoted
 from reprogate.runtime.device import resolve_device
 from reprogate.utils.errors import UserError
@@ -42,7 +42,8 @@ class LoadedLm:
     source_sha256: str | None
     device: torch.device
     dir: Path
-    unverified: str | None = None  # as predict/production.Loaded's
+    verified: bool | None = None  # as predict/production.Loaded's
+    unverified: str | None = None
 
     def generate(
         self,
@@ -100,7 +101,9 @@ def load_generator(root: Path, model_dir: Path | None = None, device: str = "aut
     dev = resolve_device(device, "--device", "Use --device cpu.")
     model, tokenizer, _ = load_lm(model_dir, dev, files)
     version = record.model_version if record else model_version(files)
-    why = unverified(root) if record else None
-    loaded = LoadedLm(model_dir.name, version, model, tokenizer, record, source, dev, model_dir, why)
+    verified, why = provenance(root) if record else (None, None)
+    loaded = LoadedLm(
+        model_dir.name, version, model, tokenizer, record, source, dev, model_dir, verified, why
+    )
     loaded.model.generate(tokenizer.encode(tokenizer.decode([0])), 1, 1.0, None, torch.Generator())
     return loaded

@@ -54,8 +54,9 @@ class Loaded:
     policy: Policy
     record: ProductionRecord | None
     source_sha256: str | None
-    # Why the commit that put the record there is not known to be a promotion (None: it is, or
-    # a model folder was asked for by path): served all the same, and said (predict, /version).
+    # Whether promote made the commit that put the record there, and why not (provenance; None,
+    # None: a model folder asked for by path). Served all the same, and said (predict, /version).
+    verified: bool | None = None
     unverified: str | None = None
 
     def predict(self, texts: list[str]) -> list[dict[str, Any]]:
@@ -125,21 +126,26 @@ class Sources:
         )
 
 
-def unverified(root: Path) -> str | None:
-    """Why HEAD's production record is not known to be `reprogate promote`'s, or None: the commit
-    that last changed it has promote's subject, is a revert, or carries a promotion tag (as
-    `reprogate history` marks them). A hand-made commit can put any record there; a copy without
-    git has only the record's own hashes, and says nothing here."""
-    if git.git_dir(root) is None:
-        return None
+def provenance(root: Path) -> tuple[bool | None, str | None]:
+    """(verified, why not) of HEAD's production record: verified when the commit that last
+    changed it has promote's subject, is a revert, or carries an annotated promotion tag (as
+    `reprogate history` marks them); None when nothing can be checked (a copy without git, a
+    shallow clone whose history stops before that commit). A hand-made commit can put any record
+    there: it is served all the same, and said."""
+    git_dir = git.git_dir(root)
+    if git_dir is None:
+        return None, "a copy without git history: only the record's own hashes are checked"
     line = git.run(root, "log", "-1", "--format=%H %s", "--", str(paths.PRODUCTION), check=False).strip()
-    if not line:
-        return None
     commit, _, subject = line.partition(" ")
-    tags = git.run(root, "tag", "--points-at", commit, "--list", f"*#{PROMOTION_STAGE}#*", check=False)
-    if is_promotion(subject) or subject.startswith("Revert ") or tags.strip():
-        return None
-    return (
+    # A shallow clone's oldest commit stands for all history before it: it "changed" every file.
+    boundary = (git_dir / "shallow").read_text().split() if (git_dir / "shallow").is_file() else []
+    if not line or commit in boundary:
+        return None, "a shallow clone: the commit that last changed the record is not in it"
+    listed = git.run(root, "tag", "--points-at", commit, "--list", f"*#{PROMOTION_STAGE}#*",
+                     "--format=%(*objectname)", check=False)  # fmt: skip
+    if is_promotion(subject) or subject.startswith("Revert ") or listed.strip():  # annotated tags only
+        return True, None
+    return False, (
         f"{paths.PRODUCTION} was last changed by {commit[:12]} ({subject[:60]!r}), which `reprogate "
         "promote` did not make (no promotion subject or tag); `reprogate history` lists it"
     )
@@ -302,7 +308,7 @@ def load_servable(root: Path, model_dir: Path | None = None, device: str = "auto
         policy=Policy.of(read_calibration(model_dir / "calibration.json", files.json("calibration.json"))),
         record=record,
         source_sha256=source,
-        unverified=unverified(root) if record else None,
+        **(dict(zip(("verified", "unverified"), provenance(root), strict=True)) if record else {}),
     )
     try:
         loaded.predict(["warm up"])  # first-call costs (allocations, lazy imports) happen here

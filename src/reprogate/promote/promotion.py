@@ -140,7 +140,7 @@ def plan(root: Path, part: Part = "default") -> dict[str, Any]:
 
 def artifacts(root: Path, name: str) -> dict[str, str]:
     """Every file predict and serve load, by sha256: the model's folder and its members'
-    (folder/manifest.py checks them, on the bytes it serves, before anything is served)."""
+    (folder/pins.py checks them, on the bytes served, before anything is served)."""
     model_dir = root / paths.model_dir(name)
     members = load(model_dir / "fingerprint.json", Fingerprint, RERUN).members or {}
     folders = [model_dir, *(root / paths.model_dir(m) for m in members)]

@@ -21,7 +21,6 @@ class PinnedPolicy(Record):
     too_short: int | None = None
 
 
-# How to recover models/production.json, said wherever it is found damaged.
 # The GTO stage `reprogate promote` tags (NAME#prod#N), and the subject of its commits.
 PROMOTION_STAGE = "prod"
 
@@ -32,6 +31,7 @@ def is_promotion(subject: str, name: str | None = None) -> bool:
     return subject.startswith(f"promote {name} (" if name else "promote ")
 
 
+# How to recover models/production.json, said wherever it is found damaged.
 RESTORE_PRODUCTION = (
     "only `reprogate promote` writes it: restore the committed record with "
     "`git checkout HEAD -- models/production.json` (after a merge conflict, take one side whole)"

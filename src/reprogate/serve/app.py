@@ -323,7 +323,7 @@ def describe(cur, root: Path) -> dict[str, Any]:
 
 
 def _say_unverified(cur) -> None:
-    if getattr(cur, "unverified", None):
+    if getattr(cur, "verified", None) is False:
         log.warning("serving %s, but %s", cur.version, cur.unverified)
 
 
@@ -332,7 +332,7 @@ def _promotion(cur) -> dict[str, Any] | None:
     asked for by path, no production record)."""
     if cur.record is None:
         return None
-    return {"verified": cur.unverified is None, **({"why": cur.unverified} if cur.unverified else {})}
+    return {"verified": cur.verified, **({"why": cur.unverified} if cur.unverified else {})}
 
 
 def _check_address(host: str, port: int) -> None:

@@ -73,7 +73,10 @@ class Family:
     # onnx(scorer) -> (torch module from its inputs to (logits, embedding), [export.graph.Input]):
     # its graph in an export (export/graph.py). None: no export can compile it.
     onnx: ClassVar[Any] = None
-    # The class that opens its model folder and scores texts (predict, evaluate, serve).
+    # The class that opens its model folder and scores texts (predict, evaluate, serve), called as
+    # Scorer(root, name, model_dir, device=, members_dir=, files=, members=): `files` is its folder
+    # as read once and verified (folder/manifest.Files; load from it, never from disk again), and
+    # it keeps it as `.files`; `members` the same for the folders it is built from.
     scorer: ClassVar[Any] = "reprogate.folder.scorer:Scorer"
     # What sets a training run up (data, model, optimizer, checkpoints); train/job.py runs it.
     setup: ClassVar[Any] = "reprogate.train.run:Setup"

@@ -8,6 +8,7 @@ from torch import nn
 
 from reprogate.export.graph import Input
 from reprogate.models.encoder import EmbeddingFeaturizer
+from reprogate.utils.errors import UserError
 
 
 class TokensMember(nn.Module):
@@ -31,6 +32,12 @@ def onnx(scorer) -> tuple[nn.Module, list[Input]]:
         if hasattr(encoder, "merge_and_unload"):  # LoRA: adapters folded into the weights
             encoder = encoder.merge_and_unload()
         module = TokensMember(encoder, model.pooler, model.head)
-    folder = getattr(scorer, "dir", None)
-    files = {"tokenizer.json": folder / "assets" / "tokenizer" / "tokenizer.json"} if folder else {}
+    read = getattr(scorer, "files", None)  # its folder as read (a model built in memory has none)
+    tokenizer = "assets/tokenizer/tokenizer.json"
+    if read is not None and not read.has(tokenizer):
+        raise UserError(
+            f"{read.dir / tokenizer} is missing: the export needs the fast tokenizer its member was "
+            f"trained with. `dvc repro --force train@{scorer.name}` writes it again."
+        )
+    files = {"tokenizer.json": read.bytes(tokenizer)} if read is not None else {}
     return module, [Input(scorer.name, "tokens", {"max_length": feat.max_length}, files)]

@@ -49,6 +49,8 @@ class Combined(nn.Module):
         if self.vote is not None:
             logp.append(self.vote(outs[self.near][1]))
         combined = (self.w[:, None, None] * torch.stack(logp)).sum(0)
+        # (logits, embedding) as every family's graph returns; an ensemble has no embedding of
+        # its own, and none reads one (an ensemble is never another's member).
         return combined, combined
 
 
