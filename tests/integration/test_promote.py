@@ -147,16 +147,17 @@ def test_promote_refuses_a_dirty_workspace_then_commits_and_tags(home):
     assert published in done.stdout
     history = run_cli("history", cwd=home, check=True).stdout
     assert f"promote {chosen} ({prod['model_version']}) to production  [files kept]" in history
-    # The same command again, before the gate reruns (it is stale only because production is now
-    # the model it chose): nothing to do, not a refusal (a retried --push takes this path too).
-    head = _git(home, "rev-parse", "HEAD")
-    again = run_cli("promote", cwd=home, env=env, check=True)
-    assert "nothing to do" in again.stdout and _git(home, "rev-parse", "HEAD") == head
-    # The gate reruns against the new production and chooses the same model: promoting it again
-    # adds no commit and no tag.
-    _dvc(home, "repro")
-    _git(home, "add", "-A")
-    _git(home, "commit", "-qm", "gate against the new production")
+    # The promotion commit carries the gate judged again against the record it wrote (the gate
+    # depends on it): the pipeline is up to date, and the gate chooses the same model.
+    changed = _git(home, "show", "--name-only", "--format=", "HEAD").split()
+    assert {"models/production.json", "results/gate.json", "dvc.lock"} <= set(changed), changed
+    assert json.loads((home / "metrics/gate.json").read_text())["chosen"] == chosen
+    assert "not_worse_than_production" in (home / "results/gate.json").read_text()
+    assert json.loads(_dvc(home, "status", "--json") or "{}") in ({}, {"code": ["always changed"]})
+    status = run_cli("status", cwd=home)
+    assert status.returncode == 0, status.stdout + status.stderr
+    # The same command again (a retried --push takes this path too): nothing to do, no commit,
+    # no tag.
     head = _git(home, "rev-parse", "HEAD")
     again = run_cli("promote", cwd=home, env=env, check=True)
     assert (
@@ -166,7 +167,7 @@ def test_promote_refuses_a_dirty_workspace_then_commits_and_tags(home):
     assert _git(home, "rev-parse", "HEAD") == head
     assert _git(home, "tag", "--list", "*#prod#*").split() == [f"{chosen}#prod#1"]
     # A rollback is a revert of the promotion commit; history says what each commit put there.
-    _git(home, "revert", "--no-edit", "HEAD~1")
+    _git(home, "revert", "--no-edit", "HEAD")
     _git(home, "revert", "--no-edit", "HEAD")
     newest = [line.split(" ", 2)[2] for line in run_cli("history", cwd=home).stdout.splitlines()[:3]]
     restored = f'{prod["model_version"]}  Revert "Revert'
@@ -310,6 +311,12 @@ def test_an_experiments_candidate_is_promoted_from_its_own_gate_and_ships(home_p
     prod = json.loads((root / "models/production.json").read_text())
     assert prod["model"] == "strong" and "models/strong/model.safetensors" in prod["artifacts"]
     assert _git(root, "status", "--porcelain").strip() == ""
+    # Both gates depend on the record: the promotion commit judged both again, so neither is stale.
+    stale = json.loads(_dvc(root, "status", "--json", "dvc.yaml", "experiments/dvc.yaml") or "{}")
+    assert set(stale) <= {"code", "experiments/dvc.yaml:code"}, stale
+    assert {"results/gate.json", "results/experiments/gate.json"} <= set(
+        _git(root, "show", "--name-only", "--format=", "HEAD").split()
+    )
     clone = tmp_path / "clone"
     _git(tmp_path, "clone", "-q", str(root), str(clone))
     said = run_cli("predict", "turn on the lights", cwd=clone, check=True)

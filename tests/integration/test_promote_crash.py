@@ -35,6 +35,7 @@ PAUSES = [
     "promote:record:half",
     "promote:record:synced",
     "promote:written",
+    "promote:regated",
     "promote:committed",
     "promote:tagged",
 ]

@@ -3,9 +3,10 @@
 The steps, each safe to repeat, and what the next run does after a kill there:
 1. the journal (<git dir>/reprogate/promotion.json, written whole) holds the record, commit
    message and tag of a promotion whose checks passed at commit `base`;
-2. models/production.json is written whole (a temporary file, fsync, rename);
+2. models/production.json is written whole (a temporary file, fsync, rename), and every gate the
+   project has built is judged again against it (promote/regate.py: they depend on it);
 3. `git add`, `git commit -- models/production.json models/shipped` (the files promote shipped
-   with the project, when it declares that remote);
+   with the project, when it declares that remote) and the files the gates rewrote;
 4. `git tag -a <artifact>@v<semver>` and `git tag -a <artifact>#prod#<n>` (GTO's version and stage);
 5. the journal is removed.
 A journal found at start is finished from what git shows: HEAD still at `base` means steps 2-3
@@ -23,6 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from reprogate.promote import regate
 from reprogate.records.base import dumps, parse
 from reprogate.records.production import PromotionJournal
 from reprogate.utils import atomic, git
@@ -92,27 +94,41 @@ def _commit(root: Path, git_dir: Path, j: PromotionJournal) -> None:
     path = root / PRODUCTION
     atomic.write_file(path, j.record.encode(), hook=lambda phase: pause_if(f"promote:record:{phase}"))
     pause_if("promote:written")
-    committed = _committed_paths(root)
+    try:
+        regated = regate.rerun(root)
+    except UserError as e:
+        _put_back(root, git_dir, [])
+        raise UserError(f"promotion refused: the gate could not be judged again on the new record ({e}); "
+                        "production is unchanged.") from None  # fmt: skip
+    committed = _committed_paths(root) + regated
     git.run(root, "add", "--", *committed)
     proc = git.completed(root, "commit", "-q", "-F", "-", "--", *committed, stdin=j.message)
     if proc.returncode == 0:
         return
-    # Back to HEAD's record, in the index too: `add` above staged the new one. The files shipped
-    # for it leave the index and the disk (the next promote ships them again).
-    if len(committed) > 1:
-        git.run(root, "reset", "-q", "--", str(SHIPPED), check=False)
-        git.run(root, "clean", "-q", "-f", "-d", "--", str(SHIPPED), check=False)
-    if git.committed(root, PRODUCTION) is not None:
-        git.run(root, "checkout", "HEAD", "--", str(PRODUCTION), check=False)
-    else:
-        git.run(root, "rm", "-q", "--cached", "--", str(PRODUCTION), check=False)
-        path.unlink(missing_ok=True)
-    _drop(git_dir)
+    _put_back(root, git_dir, regated)
     said = proc.stderr.strip() or proc.stdout.strip() or f"exit {proc.returncode}"
     raise UserError(
         f"promotion refused: git commit failed ({said}); production is unchanged. Git needs "
         "user.name and user.email, and every commit hook must pass; fix that and promote again."
     )
+
+
+def _put_back(root: Path, git_dir: Path, regated: list[str]) -> None:
+    """HEAD's record and gates, in the index too: `add` staged the new ones. The files shipped
+    for it leave the index and the disk (the next promote ships them again)."""
+    if (root / SHIPPED).is_dir():
+        git.run(root, "reset", "-q", "--", str(SHIPPED), check=False)
+        git.run(root, "clean", "-q", "-f", "-d", "--", str(SHIPPED), check=False)
+    if regated:
+        git.run(root, "reset", "-q", "--", *regated, check=False)
+        git.run(root, "checkout", "HEAD", "--", *regated, check=False)
+    if git.committed(root, PRODUCTION) is not None:
+        git.run(root, "reset", "-q", "--", str(PRODUCTION), check=False)
+        git.run(root, "checkout", "HEAD", "--", str(PRODUCTION), check=False)
+    else:
+        git.run(root, "rm", "-q", "--cached", "--", str(PRODUCTION), check=False)
+        (root / PRODUCTION).unlink(missing_ok=True)
+    _drop(git_dir)
 
 
 def _committed_paths(root: Path) -> list[str]:
