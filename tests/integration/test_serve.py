@@ -956,3 +956,50 @@ def test_hostile_clauses_and_clients_that_hang_up_leave_small_clients_answered(p
     finally:
         server.terminate()
         server.wait(timeout=20)
+
+
+@pytest.mark.long  # docs/testing.md: `make test-long`, run by CI
+def test_a_small_client_stays_fast_beside_eight_heavy_clients_and_a_clause_bomb(project, tmp_path):
+    """Issue 54's loads on a real server at a 1,024-file limit: eight clients each sending 64 texts
+    of 1,000 characters back to back, and one sending 64 texts of 999 spaces and an x, while a
+    one-text client's answers are timed: their p95 stays under 2 s (turns are taken breadth first,
+    and cutting clauses runs off the event loop)."""
+    import concurrent.futures
+    import threading
+
+    port, log = _free_port(), tmp_path / "serve.log"
+    server = _serve_process(project, port, log)
+    url = f"http://127.0.0.1:{port}"
+    stop = threading.Event()
+    long_text = ("please move fifty pounds from savings to my current account before friday " * 14)[:1000]
+    heavy = {"texts": [long_text] * 64}
+    bomb = {"texts": [" " * 999 + "x"] * 64}
+
+    def flood(body: dict) -> int:
+        sent = 0
+        with httpx.Client(timeout=120) as c:
+            while not stop.is_set():
+                assert c.post(f"{url}/predict", json=body).status_code in (200, 422, 503)
+                sent += 1
+        return sent
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(9) as pool:
+            floods = [pool.submit(flood, heavy) for _ in range(8)] + [pool.submit(flood, bomb)]
+            time.sleep(2)  # the heavy clients' first requests are in
+            took = []
+            with httpx.Client(timeout=30) as c:
+                for _ in range(40):
+                    started = time.monotonic()
+                    assert c.post(f"{url}/predict", json={"text": "turn on the lights"}).status_code == 200
+                    took.append(time.monotonic() - started)
+            stop.set()
+            sent = [f.result(timeout=180) for f in floods]
+        p95 = sorted(took)[int(0.95 * len(took)) - 1]
+        assert min(sent) >= 1, sent  # every heavy client was answered while the small one was
+        assert p95 < 2.0, f"p95 {p95:.2f} s beside 8 heavy clients and a clause bomb: {sorted(took)}"
+        assert server.poll() is None and "Traceback" not in log.read_text()
+    finally:
+        stop.set()
+        server.terminate()
+        server.wait(timeout=20)
