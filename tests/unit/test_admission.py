@@ -51,3 +51,21 @@ def test_counting_clauses_is_linear_in_the_text_so_the_event_loop_is_never_held(
     started = time.perf_counter()
     assert admission.rows(texts, scores_clauses=True) == [1] * len(texts)
     assert time.perf_counter() - started < 0.25
+
+
+def test_each_bound_names_the_flag_that_moves_it_and_the_flag_moves_it():
+    from reprogate.cli.main import build_parser
+    from reprogate.serve.admission import Bounds
+    from reprogate.serve.batching import Busy
+
+    three = "check my balance, then freeze my card, and order a new one"
+    with pytest.raises(Refused, match=r"at most 2 are \(reprogate serve --max-clauses\)"):
+        rows([three], True, Bounds(clauses=2))
+    assert rows([three], True, Bounds(clauses=3)) == [4]
+    with pytest.raises(Refused, match=r"at most 5 are taken at once \(reprogate serve --max-request-rows\)"):
+        rows(["hi there"] * 6, True, Bounds(request_rows=5))
+    assert "--max-queued-rows" in str(Busy(10, 5, 12, 1))
+    args = build_parser().parse_args(
+        ["serve", "--max-clauses", "3", "--max-request-rows", "64", "--max-queued-rows", "99"]
+    )
+    assert (args.max_clauses, args.max_request_rows, args.max_queued_rows) == (3, 64, 99)

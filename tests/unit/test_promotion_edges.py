@@ -50,7 +50,7 @@ def test_serving_names_a_production_record_no_promotion_made(tmp_path):
     from types import SimpleNamespace
 
     from reprogate.predict.production import provenance
-    from reprogate.serve.app import _promotion
+    from reprogate.serve.version import promotion
 
     record = _repo(tmp_path)
     assert provenance(tmp_path) == (True, None)  # promote's subject
@@ -58,7 +58,7 @@ def test_serving_names_a_production_record_no_promotion_made(tmp_path):
     git_cmd(tmp_path, "commit", "-qam", "tidy the record")
     verified, said = provenance(tmp_path)
     assert verified is False and "'tidy the record'" in said and "reprogate history" in said
-    shown = _promotion(SimpleNamespace(record={}, verified=verified, unverified=said))
+    shown = promotion(SimpleNamespace(record={}, verified=verified, unverified=said))
     assert shown == {"verified": False, "why": said}
     git_cmd(tmp_path, "tag", "evil#prod#1")  # a lightweight tag names nothing, as in history
     assert provenance(tmp_path)[0] is False

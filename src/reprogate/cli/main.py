@@ -172,6 +172,7 @@ def _write(target: Path | None, lines) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from reprogate.serve.admission import Bounds
     from reprogate.serve.app import serve
     from reprogate.serve.limits import Limits
 
@@ -182,6 +183,8 @@ def _serve(args: argparse.Namespace) -> int:
         args.max_connections,
         args.batch_wait_ms,
         body_timeout=args.body_timeout,
+        admit=Bounds(args.max_clauses, args.max_request_rows),
+        max_queued_rows=args.max_queued_rows,
     )
     serve(_project(), args.host, args.port, model, args.device, limits)
     return 0
@@ -249,6 +252,12 @@ def _add_serve(sub) -> None:
         default=2.0,
         help="how long a query waits for concurrent ones to share one model call (default 2; 0: none)",
     )
+    for flag, default, what in (
+        ("--max-clauses", 16, "clauses one query may have, each scored on its own (422 past it)"),
+        ("--max-request-rows", 512, "model rows one request may cost: a query, plus its clauses (422)"),
+        ("--max-queued-rows", 4096, "model rows waiting in all; past it a request is refused at once (503)"),
+    ):  # fmt: skip
+        sv.add_argument(flag, type=cli_args.positive_int, default=default, help=f"{what} (default {default})")
     sv.set_defaults(func=_serve)
 
 

@@ -11,6 +11,7 @@ is refused with 422 and the numbers, before it waits for anything.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 from reprogate.predict.requests import clauses
@@ -26,25 +27,35 @@ class Refused(Exception):
         self.status = status
 
 
-def rows(texts: list[str], scores_clauses: bool) -> list[int]:
+@dataclass(frozen=True)
+class Bounds:
+    """What one request may cost (`reprogate serve --max-clauses`, `--max-request-rows`)."""
+
+    clauses: int = MAX_CLAUSES
+    request_rows: int = MAX_REQUEST_ROWS
+
+
+def rows(texts: list[str], scores_clauses: bool, bounds: Bounds = Bounds()) -> list[int]:
     """Each text's model rows, or Refused (422) naming the first text or the request over a bound."""
     out = []
     for i, t in enumerate(texts):
         # Counted on the text as the model reads it (whitespace runs folded, as evaluation's
         # prepared texts are): linear, where the raw `" " * 999 + "x"` took the cut 60 ms.
         n = len(clauses(canonical(t))) if scores_clauses else 0
-        if n > MAX_CLAUSES:
+        if n > bounds.clauses:
             raise Refused(
                 422,
                 f"query {i} has {n} clauses (cut at and, also, then, commas, semicolons), and each is "
-                f"scored on its own; at most {MAX_CLAUSES} are: send the parts as separate queries",
+                f"scored on its own; at most {bounds.clauses} are (reprogate serve --max-clauses): send "
+                "the parts as separate queries",
             )
         out.append(1 + n)
-    if sum(out) > MAX_REQUEST_ROWS:
+    if sum(out) > bounds.request_rows:
         raise Refused(
             422,
             f"this request costs {sum(out)} model rows (a query is one, plus one per clause); at most "
-            f"{MAX_REQUEST_ROWS} are taken at once: send fewer queries per request",
+            f"{bounds.request_rows} are taken at once (reprogate serve --max-request-rows): send fewer "
+            "queries per request",
         )
     return out
 

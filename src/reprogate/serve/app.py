@@ -50,6 +50,7 @@ from reprogate.serve.schema import (
     PredictRequest,
     PredictResponse,
 )
+from reprogate.serve.version import describe, say_unverified
 from reprogate.specs.family import family, load_object
 from reprogate.specs.pipeline import pipeline_kind
 from reprogate.utils.errors import UserError, relative
@@ -78,7 +79,7 @@ class Holder:
     def __init__(self, root: Path, model_dir: Path | None, interval: float, device: str = "auto"):
         self.root, self.model_dir, self.interval, self.device = root, model_dir, interval, device
         self.current = load(root, model_dir, device)
-        _say_unverified(self.current)
+        say_unverified(self.current)
         self.reload_error: str | None = None
         self.reloads = 0
         self._stop = threading.Event()
@@ -111,7 +112,7 @@ class Holder:
 
             torch.cuda.empty_cache()
         log.info("now serving %s", fresh.version)
-        _say_unverified(fresh)
+        say_unverified(fresh)
         return True
 
     def start(self) -> None:
@@ -179,13 +180,13 @@ class BodyLimit:
         await _error(413, message)(scope, receive, send)
 
 
-async def _predicted(batcher: MicroBatcher, loaded: Any, texts: list[str], request: Request) -> Any:
+async def _predicted(batcher: MicroBatcher, loaded: Any, texts: list[str], request: Request, bounds) -> Any:
     """/predict's answer: refused past the cost bounds, 503 when the queue is full, and dropped
     when the client hangs up before it (serve/admission.py, serve/batching.py)."""
     try:
         # Off the event loop: 64 long texts take milliseconds to cut, which /healthz and the
         # other clients' bytes should not wait behind.
-        cost = await asyncio.to_thread(admission.rows, texts, loaded.policy.two_requests is not None)
+        cost = await asyncio.to_thread(admission.rows, texts, loaded.policy.two_requests is not None, bounds)
     except admission.Refused as e:
         return _error(e.status, str(e))
     work = asyncio.ensure_future(batcher.predict(loaded, texts, cost))
@@ -206,28 +207,8 @@ def _error(status: int, message: str, details: list | None = None) -> JSONRespon
     return JSONResponse(status_code=status, content={"error": message, "details": details or []})
 
 
-def create_app(
-    root: Path,
-    model_dir: Path | None = None,
-    watch_interval: float = 1.0,
-    device: str = "auto",
-    batching: tuple[int, float] = (MAX_BATCH, 0.002),
-) -> FastAPI:
-    """`batching`: (most texts, longest wait in seconds) of a micro-batch of /predict requests."""
-    # Loaded here, before the server listens: a broken model is a clear error at start-up.
-    holder = {"h": Holder(root, model_dir, watch_interval, device)}
-    batcher = MicroBatcher(*batching)
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        holder["h"].start()
-        yield
-        holder["h"].stop()
-        batcher.stop()
-
-    about = "Routed intent predictions from the production model."
-    app = FastAPI(title="reprogate", version="1", description=about, lifespan=lifespan)
-    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+def _error_handlers(app: FastAPI) -> None:
+    """A request FastAPI refuses is a 4xx naming what to send, never its default body."""
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
@@ -248,6 +229,34 @@ def create_app(
             return _error(400, 'body is not valid JSON in UTF-8; send {"text": "..."}')
         return _error(exc.status_code, str(exc.detail))
 
+
+def create_app(
+    root: Path,
+    model_dir: Path | None = None,
+    watch_interval: float = 1.0,
+    device: str = "auto",
+    batching: tuple[int, float] = (MAX_BATCH, 0.002),
+    limits: serve_limits.Limits | None = None,
+) -> FastAPI:
+    """`batching`: (most texts, longest wait in seconds) of a micro-batch of /predict requests;
+    `limits`: what a request may cost and how many rows may wait (serve/limits.py)."""
+    limits = limits or serve_limits.Limits()
+    # Loaded here, before the server listens: a broken model is a clear error at start-up.
+    holder = {"h": Holder(root, model_dir, watch_interval, device)}
+    batcher = MicroBatcher(*batching, max_queued_rows=limits.max_queued_rows)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        holder["h"].start()
+        yield
+        holder["h"].stop()
+        batcher.stop()
+
+    about = "Routed intent predictions from the production model."
+    app = FastAPI(title="reprogate", version="1", description=about, lifespan=lifespan)
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+
+    _error_handlers(app)
     app.state.holder = holder["h"]
     responses = {413: {"model": ErrorResponse}, 422: {"model": ErrorResponse}, 503: {"model": ErrorResponse}}
 
@@ -257,7 +266,7 @@ def create_app(
         if isinstance(loaded, LoadedLm):
             return _error(409, f"this server holds the language model {loaded.version}: POST /generate")
         texts = [req.text] if req.text is not None else req.texts
-        return await _predicted(batcher, loaded, texts, request)
+        return await _predicted(batcher, loaded, texts, request, limits.admit)
 
     @app.post("/generate", response_model=Generated, responses=responses)
     def generate(req: GenerateRequest) -> Any:
@@ -285,54 +294,6 @@ def create_app(
         return describe(holder["h"].current, holder["h"].root)
 
     return app
-
-
-def describe(cur, root: Path) -> dict[str, Any]:
-    """GET /version: what is being served, from its production record."""
-    r = cur.record
-    if isinstance(cur, LoadedLm):
-        return {
-            "model": cur.name,
-            "model_version": cur.version,
-            "family": "causal_lm",
-            "data_sha256": r.data_sha256 if r else None,
-            "code_commit": r.code_commit if r else None,
-            "val_bits_per_char": r.val_bits_per_char if r else None,
-            "vocab_size": cur.tokenizer.vocab_size,
-            "device": str(cur.device),
-            "files": relative(str(cur.dir), root),
-            "promotion": _promotion(cur),
-        }
-    return {
-        "model": cur.name,
-        "model_version": cur.version,
-        "data_sha256": r.data_sha256 if r else None,
-        "code_commit": r.code_commit if r else None,
-        "calibration": {
-            "temperature": cur.policy.temperature,
-            "threshold": cur.policy.threshold,
-            "margin": cur.policy.margin,
-        },
-        "labels": len(cur.scorer.labels),
-        # What it may answer `act` with: a client (Home Assistant) offers these to allow.
-        "intents": [x for i, x in enumerate(cur.scorer.labels) if i != cur.scorer.oos_index],
-        "device": str(cur.scorer.device),
-        "files": relative(str(cur.scorer.dir), root),
-        "promotion": _promotion(cur),
-    }
-
-
-def _say_unverified(cur) -> None:
-    if getattr(cur, "verified", None) is False:
-        log.warning("serving %s, but %s", cur.version, cur.unverified)
-
-
-def _promotion(cur) -> dict[str, Any] | None:
-    """Whether `reprogate promote` made the commit that put production there (None: a folder
-    asked for by path, no production record)."""
-    if cur.record is None:
-        return None
-    return {"verified": cur.verified, **({"why": cur.unverified} if cur.unverified else {})}
 
 
 def _check_address(host: str, port: int) -> None:
@@ -380,6 +341,7 @@ def serve(
             watch_interval=limits.watch_interval,
             device=device,
             batching=(limits.max_batch, limits.batch_wait_ms / 1000),
+            limits=limits,
         ),
         host=host,
         port=port,

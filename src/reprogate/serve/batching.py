@@ -40,7 +40,8 @@ class Busy(Exception):
     def __init__(self, queued: int, asked: int, limit: int, retry_after_s: int):
         super().__init__(
             f"the server is busy: {queued} model rows are waiting and this request adds {asked}, "
-            f"over the limit of {limit}; retry in {retry_after_s} s, or send fewer or shorter queries"
+            f"over the limit of {limit} (reprogate serve --max-queued-rows); retry in {retry_after_s} s, or "
+            "send fewer or shorter queries"
         )
         self.retry_after_s = retry_after_s
 

@@ -27,6 +27,9 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from reprogate.serve import admission
+from reprogate.serve.batching import MAX_QUEUED_ROWS
+
 HEADER_TIMEOUT_S = 10.0
 BODY_TIMEOUT_S = 30.0  # a body of MAX_BODY_BYTES at ~35 KB/s; on loopback or a LAN, milliseconds
 # File descriptors kept for the model's files, logs and the watcher, and for one accept batch
@@ -47,6 +50,8 @@ class Limits:
     batch_wait_ms: float = 2.0  # how long a /predict request waits for others to share its model call
     max_batch: int = 64  # texts in one model call, at most (a request's own are never split)
     body_timeout: float = BODY_TIMEOUT_S
+    admit: admission.Bounds = admission.Bounds()  # what one /predict request may cost
+    max_queued_rows: int = MAX_QUEUED_ROWS  # model rows waiting in all; past it, 503
 
 
 def file_limit() -> int:
