@@ -150,8 +150,8 @@ def _finished_once(root: Path, chosen: str, then_again: bool = False) -> None:
     assert load_servable(root).version == head["model_version"]
     if not then_again:
         return
-    # Once more: nothing is promoted twice. The gate is stale only because production now holds
-    # the model it chose, so promote says there is nothing to do and writes nothing.
+    # Once more: nothing is promoted twice. The promotion commit carries the gate judged again
+    # against the new record, which chose the model production now holds: nothing to do.
     head_commit = git_cmd(root, "rev-parse", "HEAD")
     again = run_cli("promote", cwd=root, env=IDENTITY)
     assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout + again.stderr
