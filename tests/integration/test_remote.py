@@ -159,10 +159,14 @@ def test_a_fresh_clone_answers_with_the_promoted_files_the_project_ships(home_pi
     folders = sorted(p.name for p in (first / "models/.promoted" / record["model_version"]).iterdir())
     assert f"shipped the files of {', '.join(f'models/{f}' for f in folders)} in models/shipped" in done
     assert git_cmd(first, "status", "--porcelain") == ""  # all in the promotion commit
-    [record_file, *added] = git_cmd(first, "show", "--name-only", "--format=", "HEAD").split()
-    assert record_file == "models/production.json" and added
+    changed = git_cmd(first, "show", "--name-only", "--format=", "HEAD").split()
+    added = [f for f in changed if f.startswith("models/shipped/")]
+    assert "models/production.json" in changed and added
     assert all(f.startswith("models/shipped/files/md5/") for f in added)
     assert str(leftover.relative_to(first)) in added
+    # Besides: the gate judged again against the record (dvc.lock, its records and metrics).
+    others = set(changed) - {"models/production.json", *added}
+    assert all(f == "dvc.lock" or f.startswith(("results/", "metrics/")) for f in others), others
 
     fresh = clone(first, tmp_path / "fresh")
     assert not (fresh / "models" / record["model"]).exists() and not (fresh / ".dvc/cache").exists()
