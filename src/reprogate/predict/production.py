@@ -126,6 +126,12 @@ class Sources:
         )
 
 
+def made_by_promote(subject: str, tagged: bool) -> bool:
+    """Whether a commit that changed production.json is promote's (its subject, or an annotated
+    promotion tag on it) or a revert of one: what `history` and serving call verified."""
+    return is_promotion(subject) or subject.startswith("Revert ") or tagged
+
+
 def provenance(root: Path) -> tuple[bool | None, str | None]:
     """(verified, why not) of HEAD's production record: verified when the commit that last
     changed it has promote's subject, is a revert, or carries an annotated promotion tag (as
@@ -143,7 +149,7 @@ def provenance(root: Path) -> tuple[bool | None, str | None]:
         return None, "a shallow clone: the commit that last changed the record is not in it"
     listed = git.run(root, "tag", "--points-at", commit, "--list", f"*#{PROMOTION_STAGE}#*",
                      "--format=%(*objectname)", check=False)  # fmt: skip
-    if is_promotion(subject) or subject.startswith("Revert ") or listed.strip():  # annotated tags only
+    if made_by_promote(subject, tagged=bool(listed.strip())):  # annotated tags only, as history
         return True, None
     return False, (
         f"{paths.PRODUCTION} was last changed by {commit[:12]} ({subject[:60]!r}), which `reprogate "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from reprogate.predict.production import made_by_promote
 from reprogate.records.production import PROMOTION_STAGE as STAGE
 from reprogate.records.production import is_promotion
 from reprogate.utils import git
@@ -32,7 +33,7 @@ def history(root: Path) -> str:
         except (json.JSONDecodeError, AttributeError):
             version = None
         kept = isinstance(version, str) and "@" in version and (root / PROMOTED / version).is_dir()
-        made = is_promotion(subject) or subject.startswith("Revert ") or commit in tagged
+        made = made_by_promote(subject, commit in tagged)
         marks = ("  [files kept]" if kept else "") + ("" if made else "  [unverified: not made by promote]")
         lines.append(f"{commit} {date} {version or '(none)'}  {subject}{marks}")
     tags = git.run(root, "tag", "--list", f"*#{STAGE}#*", "--format=%(refname:short) -> %(*objectname:short)")

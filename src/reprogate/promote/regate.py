@@ -30,8 +30,8 @@ def built_gates(root: Path) -> list[str]:
         if not (root / pipeline).is_file() or not (root / lock).is_file():
             continue
         try:
-            stages = (yaml.safe_load((root / lock).read_text(encoding="utf-8")) or {}).get("stages", {})
-        except (yaml.YAMLError, AttributeError, RecursionError):
+            stages = dvc_cli.lock_stages((root / lock).read_bytes())
+        except (yaml.YAMLError, AttributeError):
             continue  # a lock DVC cannot read either: `dvc status` names it, promote refused before
         if GATE in stages:
             out.append(GATE if part == "default" else f"{pipeline.as_posix()}:{GATE}")

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -70,13 +71,18 @@ def default_remote(root: Path) -> str | None:
     return proc.stdout.strip() or None if proc.returncode == 0 else None
 
 
-def lock_outputs(text: str | bytes | None) -> dict[str, str | None]:
-    """Every output path of a dvc.lock with its md5 (a folder's ends in .dir)."""
+def lock_stages(text: str | bytes | None) -> dict[str, Any]:
+    """Stage -> its entry of a dvc.lock; yaml.YAMLError for one DVC did not write."""
     try:
         lock = yaml.safe_load(text or "") or {}
     except RecursionError:
         raise yaml.YAMLError("it nests deeper than any dvc.lock DVC writes") from None
-    return {o["path"]: o.get("md5") for s in lock.get("stages", {}).values() for o in s.get("outs", [])}
+    return lock.get("stages", {})
+
+
+def lock_outputs(text: str | bytes | None) -> dict[str, str | None]:
+    """Every output path of a dvc.lock with its md5 (a folder's ends in .dir)."""
+    return {o["path"]: o.get("md5") for s in lock_stages(text).values() for o in s.get("outs", [])}
 
 
 def output_md5(path: Path) -> str | None:
