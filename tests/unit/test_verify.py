@@ -196,6 +196,45 @@ def test_sigterm_during_the_rebuild_removes_the_worktree(repo):
     assert str(folder) not in git_cmd(repo, "worktree", "list")
 
 
+def test_sigterm_while_a_stage_runs_stops_the_stage_too(repo):
+    # Stopped mid-stage, verify stops dvc and the stage's process before their folder is removed.
+    shutil.copy(REPO / "pyproject.toml", repo / "pyproject.toml")
+    pid_file = repo.parent / "stage.pid"
+    (repo / "dvc.yaml").write_text(f"stages:\n  slow:\n    cmd: echo $$ > {pid_file} && exec sleep 60\n")
+    subprocess.run([str(Path(sys.executable).with_name("dvc")), "init", "-q"], cwd=repo, check=True)
+    git_cmd(repo, "add", "-A")
+    git_cmd(repo, "commit", "-qm", "a slow stage")
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("reprogate")), "verify", "HEAD"],
+        cwd=repo,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
+        time.sleep(0.1)
+    stage = int(pid_file.read_text())
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    assert proc.returncode != 0
+    # Gone, or at most a zombie for the moment its new parent takes to reap it.
+    deadline = time.monotonic() + 5
+    while _alive(stage):
+        assert time.monotonic() < deadline, f"the stage's process {stage} outlived verify"
+        time.sleep(0.1)
+    assert "Traceback" not in proc.stderr.read()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
 def _experiments(root: Path, gate: dict, weights: bytes) -> None:
     """An experiments pipeline beside the default one: its own outputs, lock and gate."""
     for d in ("models/x", "results/experiments", "experiments"):

@@ -19,6 +19,7 @@ Exit status: 0 all bitwise, 1 some only within tolerance, 3 something different 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -141,6 +142,25 @@ def launcher(tree: Path, into: Path) -> Path:
     return bin_dir
 
 
+def _run_to_the_end(cmd: list[str], cwd: Path, env: dict[str, str]) -> int:
+    """Run the rebuild's `dvc repro` in a process group of its own; if verify is stopped while it
+    runs, stop the group (dvc and the stage it runs) before the worktree under them is removed,
+    so no orphan keeps training in a deleted folder or writes a traceback after verify ended."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=sys.stderr, start_new_session=True)
+    try:
+        return proc.wait()
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+        # Whatever of the group outlived dvc (a stage that ignores SIGTERM) goes too.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+
+
 def rebuild(root: Path, rev: str, into: Path, part: str = "default") -> Path:
     """Check `rev` out in a worktree under `into` and `dvc repro` pipeline `part` from nothing
     (with what it reads of the other); the project folder of the rebuild."""
@@ -161,12 +181,10 @@ def rebuild(root: Path, rev: str, into: Path, part: str = "default") -> Path:
     # Its own cache (the worktree's .dvc/cache is new) and no run-cache: computed, not restored.
     print(f"verify: rebuilding {rev} in {project} (dvc repro, from nothing)", file=sys.stderr, flush=True)
     target = str(dvc_cli.pipeline_file(part))
-    proc = subprocess.run(
-        [dvc_cli.executable(), "repro", "--no-run-cache", target], cwd=project, env=env, stdout=sys.stderr
-    )
-    if proc.returncode != 0:
+    returncode = _run_to_the_end([dvc_cli.executable(), "repro", "--no-run-cache", target], project, env)
+    if returncode != 0:
         raise UserError(
-            f"verify: `dvc repro` of {rev} failed in {project} (exit {proc.returncode}; its output is "
+            f"verify: `dvc repro` of {rev} failed in {project} (exit {returncode}; its output is "
             "above). The commit does not rebuild here at all: fix what it says, or verify another commit."
         )
     return project
