@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from reprogate.data.prepare import prepare
 from reprogate.data.prepared import rows
-from reprogate.models.screened import CONNECTORS, compose
+from reprogate.models.screened import CONNECTORS, CORE_MIN_SEEN, compose
 from reprogate.specs.families.screened import ComposeConfig
 from reprogate.specs.loader import load_spec
 from reprogate.specs.model import ModelSpec
@@ -46,18 +46,22 @@ def test_composed_texts_come_from_the_train_rows_only_and_name_no_train_text(tra
 
 def test_a_pair_joins_two_intents_and_a_core_is_a_determiner_and_its_noun():
     train = [
-        {"text": "turn on the kitchen lights", "label": "lights"},
-        {"text": "what is the weather tomorrow", "label": "weather"},
+        {"text": "turn on the lights please", "label": "lights"},
+        {"text": "what is the weather in paris", "label": "weather"},
         {"text": "set the thermostat to twenty", "label": "heat"},
-    ]
+    ] * CORE_MIN_SEEN
     out = compose(train, ComposeConfig(pairs=5, cores=4, seed=1))
     joined = [t for t in out if len(t.split()) > 6]
-    assert joined and all(
-        sum(r["text"] in t for r in train) == 2 and len({r["label"] for r in train if r["text"] in t}) == 2
+    assert len(joined) == 5 and all(
+        sum(r["text"] in t for r in train[:3]) == 2
+        and len({r["label"] for r in train if r["text"] in t}) == 2
         for t in joined
     )
     vague = [t for t in out if t not in joined]
-    assert vague and all(any(c in t for c in ("the kitchen", "the weather", "the thermostat")) for t in vague)
+    assert len(vague) == 4
+    assert all(any(c in t for c in ("the lights", "the weather", "the thermostat")) for t in vague)
+    # Seen once fewer than a core needs, a noun phrase is not one.
+    assert compose(train[:3] * (CORE_MIN_SEEN - 1), ComposeConfig(pairs=1, cores=4, seed=1))[1:] == []
 
 
 @pytest.fixture(scope="module")

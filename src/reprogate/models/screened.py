@@ -6,7 +6,7 @@ encoder's; what it adds is the texts its out-of-scope class learns beside the ne
   between requests, so acting on either intent would drop the other;
 - vague cores: a determiner and the noun after it ("my card", "the transfer"), alone or in a
   frame that still names no intent ("question about my card"), which 77 intents cannot tell
-  apart.
+  apart. Texts are lowercased for it; normalisation does the rest where every text is scored.
 Every draw comes from one seeded generator, so the texts are the same on every machine.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,13 @@ from reprogate.specs.families.screened import ComposeConfig
 
 # Between two requests; "" is a comma or a new sentence, which normalisation turns into a space.
 CONNECTORS = ("and", "also", "then", "plus", "but first", "and also", "and then", "as well as", "")
-CORE = re.compile(r"\b(?:my|the|a|an|this|that|your|our)\s+[a-z]{3,}\b")
-FRAMES = ("{}", "{}", "about {}", "{} please", "question about {}", "help with {}", "its about {}", "{} help")
+# A core is a determiner and the word after it where the noun phrase ends there (a verb, a
+# preposition or the end follows: "my card is", "the app on"), so "my last" of "my last transfer"
+# is not one; and it must be seen this often in train: a thing people name, not a chance phrase.
+_END = r"is|was|has|have|had|to|for|from|on|in|at|of|with|yet|not|still|and|but|i|will|can|been|please"
+CORE = re.compile(rf"\b(?:my|the|this|that|your)\s+[a-z]{{3,}}(?=\s+(?:{_END})\b|\s*[.?!,]|\s*$)")
+CORE_MIN_SEEN = 5
+FRAMES = ("{}", "{}", "about {}", "{} please", "question about {}", "help with {}", "its about {}")
 
 
 def compose(train: list[dict], cfg: ComposeConfig) -> list[str]:
@@ -47,7 +53,8 @@ def compose(train: list[dict], cfg: ComposeConfig) -> list[str]:
         a, b = rng.sample(short, 2)
         if a["label"] != b["label"]:
             keep(f"{a['text']} {rng.choice(CONNECTORS)} {b['text']}")
-    cores = sorted({m.group(0) for r in train for m in CORE.finditer(r["text"])})
+    seen_after = Counter(m.group(0) for r in train for m in CORE.finditer(r["text"].lower()))
+    cores = sorted(c for c, n in seen_after.items() if n >= CORE_MIN_SEEN)
     wanted = len(out) + cfg.cores
     for _ in range(cfg.cores * 4):
         if len(out) >= wanted or not cores:
