@@ -15,7 +15,7 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: qemu test-cross-vendor bench-gemm bench-adamw venv repro repro-experiments stage-times repro-lm remote test test-long test-unit test-home-assistant bench-home-assistant lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy bench-registry bench-engines bench-lm bench-flake bench-serve bench-encoders clean
+.PHONY: qemu test-cross-vendor bench-gemm bench-adamw venv repro repro-experiments stage-times repro-lm remote test test-long test-unit test-home-assistant bench-home-assistant lint lock bench bench-pipeline bench-learning-curve bench-neighbours bench-policy bench-registry bench-engines bench-lm bench-flake bench-serve bench-encoders bench-screened clean
 
 # Rebuilt whenever the lock or the project metadata changes. uv installs the lock (the same pins
 # pip would, in seconds instead of minutes); it reads pip's find-links (where this machine keeps
@@ -203,6 +203,10 @@ bench-serve: venv
 # from what `make repro` and `make repro-experiments` built (trains nothing).
 bench-encoders: venv
 	python bench/encoders.py
+
+# Issue 53's candidates against today's best, per gate rule, paired on the same items.
+bench-screened: venv
+	python bench/screened.py
 
 # The run registry at 100 runs x 3,000 paired predictions: sync, no-op sync, compare, sizes.
 bench-registry: venv

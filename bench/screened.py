@@ -1,0 +1,128 @@
+"""`make bench-screened`: the candidates issue 53 added, against today's best, per gate rule.
+
+For each new candidate and each baseline: the sets choices may look at (validation, real_dev,
+challenge_dev) and the sets the gate judges (test, real_test, challenge_test, oos_test), each
+gate rule's number and verdict from the experiments' gate, and, paired on the same items, the
+difference with its paired-bootstrap 95% interval and McNemar's exact p: accuracy on test and
+real_test, and the share of challenge_test queries *not* acted on (the gate's challenge rule).
+Reads results/, predictions/ and metrics/; trains nothing. Writes bench/results/screened.json and
+prints the tables for docs/results.md. Needs the candidates built (`make repro-experiments`).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from reprogate.report.build import pair_predictions
+from reprogate.utils import stats
+from reprogate.utils.jsonl import read_jsonl
+
+ROOT = Path(__file__).resolve().parents[1]
+NEW = ("mpnet_screened",)
+BASELINES = ("mpnet_frozen", "ensemble_mpnet_knn")  # today's best real_test, and best test
+DEV = ("validation", "real_dev", "challenge_dev")
+
+
+def predictions(name: str, split: str) -> list[dict]:
+    return read_jsonl(ROOT / "predictions" / name / f"{split}.jsonl")
+
+
+def labelled(name: str, split: str) -> dict[str, tuple[str, str, str]]:
+    return {r["id"]: (r["text"], r["gold"], r["predicted"]) for r in predictions(name, split)}
+
+
+def not_acted(name: str, split: str) -> dict[str, bool]:
+    return {r["id"]: r["route"] == "review" for r in predictions(name, split)}
+
+
+def paired_accuracy(base: str, head: str, split: str) -> dict:
+    pb, ph = labelled(base, split), labelled(head, split)
+    ids = sorted(set(pb) & set(ph))
+    if not ids or any(pb[i][:2] != ph[i][:2] for i in ids):
+        raise SystemExit(f"bench-screened: {base} and {head} did not predict the same {split} items")
+    p = pair_predictions(pb, ph, ids)
+    return {"delta": p["delta_ci95"]["accuracy"], "p": p["p_value"], "fixed": p["fixed"], "broken": p["broken"]}
+
+
+def paired_review(base: str, head: str, split: str) -> dict:
+    """Head minus base in the share of queries sent to review (the challenge rule's complement)."""
+    b, h = not_acted(base, split), not_acted(head, split)
+    ids = sorted(set(b) & set(h))
+    yb, yh = (np.array([d[i] for i in ids]) for d in (b, h))
+    gold = np.ones(len(ids), dtype=bool)
+    return {
+        "delta": stats.paired_bootstrap(gold, yb, yh, 2)["accuracy"],
+        "p": stats.mcnemar(yb, yh)["p_value"],
+        "head_acted": int((~yh).sum()),
+        "base_acted": int((~yb).sum()),
+    }
+
+
+def headline(name: str) -> dict:
+    sets = json.loads((ROOT / "results" / name / "eval.json").read_text())["sets"]
+    judged = json.loads((ROOT / "results" / "experiments" / "gate.json").read_text())["candidates"][name]
+    gate = {r["rule"]: r["verdict"] for r in judged["rules"]} | {"passed": judged["passed"]}
+    dev_acted = sum(r["route"] == "act" for r in predictions(name, "challenge_dev"))
+    return {
+        "validation": sets["validation"]["accuracy"],
+        "real_dev": sets["real_dev"]["accuracy"],
+        "challenge_dev_acted": f"{dev_acted}/{len(predictions(name, 'challenge_dev'))}",
+        "test": sets["test"]["accuracy"],
+        "real_test": sets["real_test"]["accuracy"],
+        "challenge_test": sets["challenge_test"]["action_rate"],
+        "challenge_by_kind": {k: v["acted"] for k, v in sets["challenge_test"]["by_kind"].items()},
+        "wrong_action_rate": sets["test"]["wrong_action_rate"],
+        "oos_fp": sets["oos_test"]["false_positive_action_rate"],
+        "coverage": sets["test"]["coverage"],
+        "gate": gate,
+    }
+
+
+def interval(r: dict) -> str:
+    lo, hi = r["delta"]
+    return f"[{lo:+.3f}, {hi:+.3f}], p={r['p']:.2g}"
+
+
+def main() -> None:
+    names = (*NEW, *BASELINES)
+    missing = [m for m in names if not (ROOT / "results" / m / "eval.json").is_file()]
+    if missing:
+        sys.exit(f"bench-screened: no results for {', '.join(missing)}; run `make repro-experiments` first")
+    out: dict = {"candidates": {m: headline(m) for m in names}, "paired": {}}
+    for head in NEW:
+        for base in BASELINES:
+            out["paired"][f"{head} vs {base}"] = {
+                "test": paired_accuracy(base, head, "test"),
+                "real_test": paired_accuracy(base, head, "real_test"),
+                "challenge_test_review": paired_review(base, head, "challenge_test"),
+            }
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    out["commit"] = commit.stdout.strip()
+    (ROOT / "bench/results").mkdir(exist_ok=True)
+    (ROOT / "bench/results/screened.json").write_text(json.dumps(out, indent=2) + "\n")
+    print("| candidate | validation | real_dev | challenge_dev acted | test | real_test (≥ 0.95) | "
+          "challenge acted (≤ 0.05; by kind) | wrong actions (≤ 0.02) | oos FP (≤ 0.01) | coverage |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for m, h in out["candidates"].items():
+        kinds = ", ".join(f"{k} {v}" for k, v in h["challenge_by_kind"].items())
+        print(f"| {m} | {h['validation']:.4f} | {h['real_dev']:.3f} | {h['challenge_dev_acted']} | "
+              f"{h['test']:.4f} | {h['real_test']:.3f} | {h['challenge_test']:.3f} ({kinds}) | "
+              f"{h['wrong_action_rate']:.4f} | {h['oos_fp']:.4f} | {h['coverage']:.3f} |")  # fmt: skip
+    print("\n| paired (head vs base) | Δ test accuracy | Δ real_test accuracy | Δ challenge_test sent to review |")
+    print("|---|---|---|---|")
+    for k, r in out["paired"].items():
+        print(f"| {k} | {interval(r['test'])} | {interval(r['real_test'])} | "
+              f"{interval(r['challenge_test_review'])} |")  # fmt: skip
+    for m, h in out["candidates"].items():
+        failed = [r for r, v in h["gate"].items() if v == "fail"]
+        print(f"{m}: gate {'passed' if h['gate']['passed'] else 'fails ' + ', '.join(failed)}")
+    print(f"bench-screened: wrote bench/results/screened.json (commit {out['commit']})")
+
+
+if __name__ == "__main__":
+    main()
