@@ -46,7 +46,12 @@ def paired_accuracy(base: str, head: str, split: str) -> dict:
     if not ids or any(pb[i][:2] != ph[i][:2] for i in ids):
         raise SystemExit(f"bench-screened: {base} and {head} did not predict the same {split} items")
     p = pair_predictions(pb, ph, ids)
-    return {"delta": p["delta_ci95"]["accuracy"], "p": p["p_value"], "fixed": p["fixed"], "broken": p["broken"]}
+    return {
+        "delta": p["delta_ci95"]["accuracy"],
+        "p": p["p_value"],
+        "fixed": p["fixed"],
+        "broken": p["broken"],
+    }
 
 
 def paired_review(base: str, head: str, split: str) -> dict:
@@ -105,15 +110,15 @@ def main() -> None:
     out["commit"] = commit.stdout.strip()
     (ROOT / "bench/results").mkdir(exist_ok=True)
     (ROOT / "bench/results/screened.json").write_text(json.dumps(out, indent=2) + "\n")
-    print("| candidate | validation | real_dev | challenge_dev acted | test | real_test (≥ 0.95) | "
-          "challenge acted (≤ 0.05; by kind) | wrong actions (≤ 0.02) | oos FP (≤ 0.01) | coverage |")  # fmt: skip
+    print("| candidate | validation | real_dev | challenge_dev acted | test | real_test (≥ 0.95) | challenge "
+          "acted (≤ 0.05; by kind) | wrong actions (≤ 0.02) | oos FP (≤ 0.01) | coverage |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|")
     for m, h in out["candidates"].items():
         kinds = ", ".join(f"{k} {v}" for k, v in h["challenge_by_kind"].items())
         print(f"| {m} | {h['validation']:.4f} | {h['real_dev']:.3f} | {h['challenge_dev_acted']} | "
               f"{h['test']:.4f} | {h['real_test']:.3f} | {h['challenge_test']:.3f} ({kinds}) | "
               f"{h['wrong_action_rate']:.4f} | {h['oos_fp']:.4f} | {h['coverage']:.3f} |")  # fmt: skip
-    print("\n| paired (head vs base) | Δ test accuracy | Δ real_test accuracy | Δ challenge_test sent to review |")
+    print("\n| paired (head vs base) | Δ test accuracy | Δ real_test accuracy | Δ challenge_test to review |")
     print("|---|---|---|---|")
     for k, r in out["paired"].items():
         print(f"| {k} | {interval(r['test'])} | {interval(r['real_test'])} | "
