@@ -51,6 +51,7 @@ def paired_accuracy(base: str, head: str, split: str) -> dict:
         raise SystemExit(f"bench-screened: {base} and {head} did not predict the same {split} items")
     p = pair_predictions(pb, ph, ids)
     return {
+        "point": (p["fixed"] - p["broken"]) / len(ids),
         "delta": p["delta_ci95"]["accuracy"],
         "p": p["p_value"],
         "fixed": p["fixed"],
@@ -65,6 +66,7 @@ def paired_review(base: str, head: str, split: str) -> dict:
     yb, yh = (np.array([d[i] for i in ids]) for d in (b, h))
     gold = np.ones(len(ids), dtype=bool)
     return {
+        "point": float(yh.mean() - yb.mean()),
         "delta": stats.paired_bootstrap(gold, yb, yh, 2)["accuracy"],
         "p": stats.mcnemar(yb, yh)["p_value"],
         "head_acted": int((~yh).sum()),
@@ -74,8 +76,8 @@ def paired_review(base: str, head: str, split: str) -> dict:
 
 def headline(name: str) -> dict:
     sets = json.loads((ROOT / "results" / name / "eval.json").read_text())["sets"]
-    judged = json.loads((ROOT / "results" / "experiments" / "gate.json").read_text())["candidates"][name]
-    gate = {r["rule"]: r["verdict"] for r in judged["rules"]} | {"passed": judged["passed"]}
+    judged = json.loads((ROOT / "results" / "experiments" / "gate.json").read_text())["candidates"].get(name)
+    gate = {r["rule"]: r["verdict"] for r in judged["rules"]} | {"passed": judged["passed"]} if judged else {}
     dev_acted = sum(r["route"] == "act" for r in predictions(name, "challenge_dev"))
     return {
         "validation": sets["validation"]["accuracy"],
@@ -94,7 +96,7 @@ def headline(name: str) -> dict:
 
 def interval(r: dict) -> str:
     lo, hi = r["delta"]
-    return f"[{lo:+.3f}, {hi:+.3f}], p={r['p']:.2g}"
+    return f"{r['point']:+.3f} [{lo:+.3f}, {hi:+.3f}], p={r['p']:.2g}"
 
 
 def main() -> None:
@@ -138,7 +140,10 @@ def main() -> None:
               f"{interval(r['challenge_test_review'])} |")  # fmt: skip
     for m, h in out["candidates"].items():
         failed = [r for r, v in h["gate"].items() if v == "fail"]
-        print(f"{m}: gate {'passed' if h['gate']['passed'] else 'fails ' + ', '.join(failed)}")
+        if not h["gate"]:
+            print(f"{m}: not judged yet by the experiments' gate (dvc repro experiments/dvc.yaml:gate)")
+        else:
+            print(f"{m}: gate {'passed' if h['gate']['passed'] else 'fails ' + ', '.join(failed)}")
     print(f"bench-screened: wrote bench/results/screened.json (commit {out['commit']})")
 
 
