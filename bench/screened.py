@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # texts, and (mpnet) today's best test accuracy.
 PAIRS = {
     "minilm_screened": ("minilm_frozen",),
+    "minilm_two_in_one": ("minilm_frozen", "minilm_screened"),
     "mpnet_screened": ("mpnet_frozen", "ensemble_mpnet_knn"),
 }
 DEV = ("validation", "real_dev", "challenge_dev")
