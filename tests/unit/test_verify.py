@@ -167,21 +167,29 @@ def test_a_verify_stopped_midway_leaves_nothing_behind_after_the_next_run(repo, 
         shutil.rmtree(stopped, ignore_errors=True)
 
 
-def test_sigterm_during_the_rebuild_removes_the_worktree(repo):
-    # A commit whose rebuild takes a while: a project (its entry point) with one slow stage.
+def _commit_a_slow_stage(repo: Path, cmd: str) -> None:
+    """A commit whose rebuild takes a while: a project (its entry point) with one slow stage."""
     shutil.copy(REPO / "pyproject.toml", repo / "pyproject.toml")
-    (repo / "dvc.yaml").write_text("stages:\n  slow:\n    cmd: sleep 20\n")
+    (repo / "dvc.yaml").write_text(f"stages:\n  slow:\n    cmd: {cmd}\n")
     subprocess.run([str(Path(sys.executable).with_name("dvc")), "init", "-q"], cwd=repo, check=True)
     git_cmd(repo, "add", "-A")
     git_cmd(repo, "commit", "-qm", "a slow stage")
-    before = set(Path(tempfile.gettempdir()).glob(f"{WORKSPACE}*"))
-    proc = subprocess.Popen(
+
+
+def _verify_head(repo: Path) -> subprocess.Popen:
+    return subprocess.Popen(
         [str(Path(sys.executable).with_name("reprogate")), "verify", "HEAD"],
         cwd=repo,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def test_sigterm_during_the_rebuild_removes_the_worktree(repo):
+    _commit_a_slow_stage(repo, "sleep 20")
+    before = set(Path(tempfile.gettempdir()).glob(f"{WORKSPACE}*"))
+    proc = _verify_head(repo)
     deadline = time.monotonic() + 60
     while not (new := set(Path(tempfile.gettempdir()).glob(f"{WORKSPACE}*")) - before):
         assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
@@ -198,19 +206,9 @@ def test_sigterm_during_the_rebuild_removes_the_worktree(repo):
 
 def test_sigterm_while_a_stage_runs_stops_the_stage_too(repo):
     # Stopped mid-stage, verify stops dvc and the stage's process before their folder is removed.
-    shutil.copy(REPO / "pyproject.toml", repo / "pyproject.toml")
     pid_file = repo.parent / "stage.pid"
-    (repo / "dvc.yaml").write_text(f"stages:\n  slow:\n    cmd: echo $$ > {pid_file} && exec sleep 60\n")
-    subprocess.run([str(Path(sys.executable).with_name("dvc")), "init", "-q"], cwd=repo, check=True)
-    git_cmd(repo, "add", "-A")
-    git_cmd(repo, "commit", "-qm", "a slow stage")
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).with_name("reprogate")), "verify", "HEAD"],
-        cwd=repo,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    _commit_a_slow_stage(repo, f"echo $$ > {pid_file} && exec sleep 60")
+    proc = _verify_head(repo)
     deadline = time.monotonic() + 60
     while not pid_file.exists() or not pid_file.read_text().strip():
         assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
