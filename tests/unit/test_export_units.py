@@ -247,3 +247,55 @@ def test_a_graph_that_would_allocate_what_it_does_not_hold_is_refused_before_onn
     ) as e:
         Runtime(Files.read(tmp_path), 1)
     assert said in str(e.value)
+
+
+def _feed_forward(path: Path) -> None:
+    """A feed-forward block as the exporter writes it: x @ up, Gelu, then @ down."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    up, down = (
+        numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), n) for n in ("up", "down")
+    )
+    nodes = [
+        helper.make_node("MatMul", ["x", "up"], ["h"], name="up_projection"),
+        helper.make_node("Gelu", ["h"], ["g"], name="gelu"),
+        helper.make_node("MatMul", ["g", "down"], ["y"], name="down_projection"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "feed_forward",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 5, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5, 8])],
+        initializer=[up, down],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), str(path))
+
+
+@pytest.mark.parametrize("float_after", [[], ["Gelu"]])
+def test_float_after_keeps_the_products_an_operator_feeds_in_float(tmp_path, float_after):
+    import onnx
+
+    from reprogate.export.onnx_file import _quantize
+    from reprogate.specs.families.export import ExportConfig
+
+    _feed_forward(tmp_path / "fp32.onnx")
+    _quantize(
+        tmp_path / "fp32.onnx", tmp_path / "int8.onnx", ExportConfig(source="x", float_after=float_after)
+    )
+    nodes = onnx.load(str(tmp_path / "int8.onnx")).graph.node
+    in_float = [list(n.input) for n in nodes if n.op_type == "MatMul"]
+    in_int8 = [n for n in nodes if n.op_type == "MatMulInteger"]
+    assert len(in_int8) == (1 if float_after else 2)  # the up-projection is int8 either way
+    assert in_float == ([["g", "down"]] if float_after else [])
+
+
+def test_float_after_names_only_operators_it_knows():
+    from pydantic import ValidationError
+
+    from reprogate.specs.families.export import ExportConfig
+
+    with pytest.raises(ValidationError, match="float_after"):
+        ExportConfig(source="x", float_after=["Gelus"])

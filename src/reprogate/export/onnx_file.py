@@ -80,7 +80,12 @@ def _quantize(fp32: Path, out: Path, config: ExportConfig) -> None:
     model = onnx.load(str(fp32))
     # The heads stay float too: a small share of the time, and their error lands on the logits.
     floats = {i.name for i in model.graph.initializer if i.name.endswith("memory_t") or ".head." in i.name}
-    keep = [n.name for n in model.graph.node if n.op_type in ("MatMul", "Gemm") and set(n.input) & floats]
+    after = {o for n in model.graph.node if n.op_type in config.float_after for o in n.output}
+    keep = [
+        n.name
+        for n in model.graph.node
+        if n.op_type in ("MatMul", "Gemm") and set(n.input) & (floats | after)
+    ]
     # The dynamic quantizer first rewrites each Gemm as <name>_MatMul and <name>_Add.
     keep_float = [*keep, *(f"{n}_MatMul" for n in keep)]
     quantize_dynamic(

@@ -37,6 +37,13 @@ class ExportConfig(Strict):
         description="int8: 7-bit weights. On x86-64 without VNNI (AVX2, AVX-512 before Cascade Lake) "
         "the u8s8 product can saturate with 8 bits; ONNX Runtime recommends 7 there.",
     )
+    float_after: list[Literal["Gelu", "Relu", "LayerNormalization"]] = Field(
+        default_factory=list,
+        description="int8: matrix products whose input is the output of one of these operators stay "
+        "float32. [Gelu] keeps a transformer's feed-forward down-projections float, the products "
+        "whose inputs are where activation outliers, which stretch a per-call 8-bit range over the "
+        "whole tensor, are most often found.",
+    )
     opset: int = Field(20, ge=18, le=23, description="ONNX operator set of the exported graph.")
     batch: PosInt | None = Field(
         None,
