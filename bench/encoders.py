@@ -16,8 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from reprogate.report.build import pair_predictions
-from reprogate.utils.jsonl import read_jsonl
+import pairing  # bench/, this script's folder
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = {  # mpnet candidate -> the MiniLM candidate of the same recipe
@@ -32,25 +31,10 @@ SETS = ("test", "real_test")
 CHOSEN = "ensemble"
 
 
-def predictions(name: str, split: str) -> dict[str, tuple[str, str, str]]:
-    rows = read_jsonl(ROOT / "predictions" / name / f"{split}.jsonl")
-    return {r["id"]: (r["text"], r["gold"], r["predicted"]) for r in rows}
-
-
 def paired(base: str, head: str, split: str) -> dict:
     """The report's pairing (`reprogate report`), here between two candidates of one revision."""
-    pb, ph = predictions(base, split), predictions(head, split)
-    ids = sorted(set(pb) & set(ph))
-    if not ids or any(pb[i][:2] != ph[i][:2] for i in ids):
-        raise SystemExit(f"bench-encoders: {base} and {head} did not predict the same {split} items")
-    p = pair_predictions(pb, ph, ids)
-    return {
-        "items": len(ids),
-        "base": sum(pb[i][1] == pb[i][2] for i in ids) / len(ids),
-        "head": sum(ph[i][1] == ph[i][2] for i in ids) / len(ids),
-        "delta_ci95": p["delta_ci95"]["accuracy"],
-        "mcnemar_p": p["p_value"],
-    }
+    p = pairing.paired(base, head, split, "bench-encoders")
+    return {k: p[k] for k in ("items", "base", "head", "delta_ci95", "mcnemar_p")}
 
 
 def encoding_s(member: str) -> float | None:

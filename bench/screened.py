@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from pairing import paired  # bench/, this script's folder
 
-from reprogate.report.build import pair_predictions
 from reprogate.utils import stats
 from reprogate.utils.jsonl import read_jsonl
 
@@ -37,24 +37,16 @@ def predictions(name: str, split: str) -> list[dict]:
     return read_jsonl(ROOT / "predictions" / name / f"{split}.jsonl")
 
 
-def labelled(name: str, split: str) -> dict[str, tuple[str, str, str]]:
-    return {r["id"]: (r["text"], r["gold"], r["predicted"]) for r in predictions(name, split)}
-
-
 def not_acted(name: str, split: str) -> dict[str, bool]:
     return {r["id"]: r["route"] == "review" for r in predictions(name, split)}
 
 
 def paired_accuracy(base: str, head: str, split: str) -> dict:
-    pb, ph = labelled(base, split), labelled(head, split)
-    ids = sorted(set(pb) & set(ph))
-    if not ids or any(pb[i][:2] != ph[i][:2] for i in ids):
-        raise SystemExit(f"bench-screened: {base} and {head} did not predict the same {split} items")
-    p = pair_predictions(pb, ph, ids)
+    p = paired(base, head, split, "bench-screened")
     return {
-        "point": (p["fixed"] - p["broken"]) / len(ids),
-        "delta": p["delta_ci95"]["accuracy"],
-        "p": p["p_value"],
+        "point": p["point"],
+        "delta": p["delta_ci95"],
+        "p": p["mcnemar_p"],
         "fixed": p["fixed"],
         "broken": p["broken"],
     }
