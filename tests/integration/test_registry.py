@@ -281,6 +281,12 @@ def _damage(root: Path, how: str) -> str:
         record["sets"]["test"][field] = float("nan") if how == "nan" else 10**30
         path.write_text(json.dumps(record))  # Python writes NaN, as a careless writer would
         return "is nan" if how == "nan" else "'sets.test.n' is 1000000000000000000000000000000"
+    if how == "huge_record":  # valid in shape, past any record reprogate writes
+        path = root / "results/tiny2/eval.json"
+        record = json.loads(path.read_text())
+        record["model_version"] = "x" * (17 << 20)
+        path.write_text(json.dumps(record))
+        return "results/tiny2/eval.json at working tree holds 17,8"
     path = root / "predictions/tiny2/test.jsonl"
     lines = path.read_bytes().splitlines(keepends=True)
     if how == "not_utf8":
@@ -295,7 +301,7 @@ def _damage(root: Path, how: str) -> str:
     return "a line of 52,4"
 
 
-@pytest.mark.parametrize("how", ["nan", "huge_n", "not_utf8", "duplicate_id", "huge_string"])
+@pytest.mark.parametrize("how", ["nan", "huge_n", "not_utf8", "duplicate_id", "huge_string", "huge_record"])
 def test_a_hostile_record_is_one_paragraph_and_only_its_run_is_left_out(synced, tmp_path, how):
     root = copy_home(synced, tmp_path / "home")
     shutil.rmtree(root / "registry")

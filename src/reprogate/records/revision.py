@@ -34,6 +34,10 @@ from reprogate.utils import dvc_cli, git, paths
 from reprogate.utils.errors import UserError
 
 T = TypeVar("T")
+# A JSON record reprogate writes (eval.json, a fingerprint) is at most a few MB; a larger one is
+# damaged or hostile, and validating it would hold all of it in memory (a 50 MB field once took
+# 4 GB), so it is refused before it is parsed.
+MAX_RECORD_CHARS = 16 * 1024 * 1024
 
 
 @dataclass
@@ -116,7 +120,13 @@ class Revision:
             if raw is None:
                 continue
             fix = "it is not the record reprogate writes. Compare revisions whose records `make repro` wrote."
-            return validated(raw, shape, f"{self.who}: {path} at {self.label}", fix)
+            where = f"{self.who}: {path} at {self.label}"
+            if len(raw) > MAX_RECORD_CHARS:
+                raise UserError(
+                    f"{where} holds {len(raw):,} characters, more than the {MAX_RECORD_CHARS:,} a record "
+                    f"of reprogate's takes; {fix}"
+                )
+            return validated(raw, shape, where, fix)
         return None
 
     @cached_property

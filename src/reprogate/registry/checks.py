@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from reprogate.records.revision import MAX_RECORD_CHARS
 from reprogate.utils.errors import UserError
 
 FIX = (
@@ -20,7 +21,6 @@ FIX = (
     "restore it from git."
 )
 MAX_LINE_BYTES = 64 * 1024  # a prediction line is a few hundred bytes
-MAX_RECORD_CHARS = 16 * 1024 * 1024  # a JSON record (eval.json, a fingerprint)
 MAX_COUNT = 2**53  # items in a set: exact in a float, far past any evaluation
 # Where each table's numbers come from, to name the file a bad one is in.
 SOURCES = {
