@@ -40,6 +40,15 @@ T = TypeVar("T")
 MAX_RECORD_CHARS = 16 * 1024 * 1024
 
 
+def record_size(raw: str | None, where: str, fix: str) -> None:
+    """Refuse a record past MAX_RECORD_CHARS, before anything parses it."""
+    if raw is not None and len(raw) > MAX_RECORD_CHARS:
+        raise UserError(
+            f"{where} holds {len(raw):,} characters, more than the {MAX_RECORD_CHARS:,} a record of "
+            f"reprogate's takes; {fix}"
+        )
+
+
 @dataclass
 class Revision:
     root: Path
@@ -121,11 +130,7 @@ class Revision:
                 continue
             fix = "it is not the record reprogate writes. Compare revisions whose records `make repro` wrote."
             where = f"{self.who}: {path} at {self.label}"
-            if len(raw) > MAX_RECORD_CHARS:
-                raise UserError(
-                    f"{where} holds {len(raw):,} characters, more than the {MAX_RECORD_CHARS:,} a record "
-                    f"of reprogate's takes; {fix}"
-                )
+            record_size(raw, where, fix)
             return validated(raw, shape, where, fix)
         return None
 

@@ -1,8 +1,9 @@
 """What `reprogate registry sync` refuses in a record, before any row of its run is written: a
 number that is not finite, a count past any evaluation, two prediction lines with one id, and
-a line or record far past what reprogate writes (a damaged or hostile file must not take the
-machine's memory: a 50 MB text field once took 4 GB). Each is one paragraph naming the file and
-field; the run is left out whole and the other runs are imported.
+a line far past what reprogate writes; a record far past it is refused by
+records/revision.record_size, which every reader of a revision shares (a damaged or hostile
+file must not take the machine's memory: a 50 MB text field once took 4 GB). Each is one
+paragraph naming the file and field; the run is left out whole and the other runs are imported.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from reprogate.records.revision import MAX_RECORD_CHARS
 from reprogate.utils.errors import UserError
 
 FIX = (
@@ -38,14 +38,6 @@ def lines(data: bytes, where: str) -> None:
                 f"{where}:{number}: a line of {len(line):,} bytes, more than the {MAX_LINE_BYTES:,} a "
                 f"prediction may take (a text field that long is not a query); {FIX}"
             )
-
-
-def record_size(raw: str | None, where: str) -> None:
-    if raw is not None and len(raw) > MAX_RECORD_CHARS:
-        raise UserError(
-            f"{where} holds {len(raw):,} characters, more than the {MAX_RECORD_CHARS:,} a record of "
-            f"reprogate's takes; {FIX}"
-        )
 
 
 def count(n: int, where: str) -> None:

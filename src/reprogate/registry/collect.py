@@ -24,7 +24,7 @@ from reprogate.records.base import record_key, validated
 from reprogate.records.evaluation import Evaluation, LabelledSet, PredictionLine
 from reprogate.records.gate import Decision
 from reprogate.records.lm import LmTrainRecord
-from reprogate.records.revision import Revision
+from reprogate.records.revision import Revision, record_size
 from reprogate.records.runlog import UpdateLine
 from reprogate.records.train import CombineRecord, Fingerprint, ModelConfig, TrainRecord, train_key
 from reprogate.registry import checks
@@ -125,7 +125,7 @@ def signature(rev: Revision, model: str) -> str | None:
 
 def _json(rev: Revision, path: Path, shape, dvc_output: bool = False):
     raw = rev.output(path) if dvc_output else rev.text(path)
-    checks.record_size(raw, f"registry: {path} at {rev.label}")
+    record_size(raw, f"registry: {path} at {rev.label}", FIX)
     return None if raw is None else validated(raw, shape, f"registry: {path} at {rev.label}", FIX)
 
 
