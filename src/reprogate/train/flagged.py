@@ -1,11 +1,10 @@
 """A `flagged` model's training run: the classifier's (train/run.py), with the texts
 models/screened.compose makes from the train partition added as rows of the head's extra
-output, "not one request" (models/flagged.py), which comes after every answer; they train that
-output alone (FlagObjective).
+output, "not one request" (models/flagged.py), which comes after every answer.
 
 Those rows weigh as out-of-scope rows do (head.out_of_scope_weight; 1 without an out-of-scope
 class), as they did in family screened, so the two families differ in where the texts go and
-what they train, nothing else. Their sha256 and the family's name join the data hash: a checkpoint made with
+nothing else. Their sha256 and the family's name join the data hash: a checkpoint made with
 other composed texts, or with them as out of scope, is never resumed."""
 
 from __future__ import annotations
@@ -13,9 +12,6 @@ from __future__ import annotations
 import hashlib
 import time
 from pathlib import Path
-
-import torch
-import torch.nn.functional as F
 
 from reprogate.data.prepared import Example, TrainData, rows
 from reprogate.models.base import concat
@@ -28,29 +24,12 @@ from reprogate.utils.console import say
 
 
 class FlagObjective(Classification):
-    """Cross-entropy over the answers and the flag (the out-of-scope class is the next to last),
-    where a composed row's gradient reaches the flag's logit only. Its answers' logits are held
-    as they are for it, so the composed texts teach when to say "not one request" and never move
-    the answers (a pair "A and B" would otherwise push down A's and B's logits for every query
-    like A); the answers learn from the rows the head without the detector learns from."""
+    """Cross-entropy over the answers and the flag; the out-of-scope class is the next to last."""
 
     def __init__(self, spec, featurizer, feats, labels: list[int], n_classes: int, device):
         super().__init__(spec, featurizer, feats, labels, n_classes, device)
-        self.flag = n_classes - 1
         if self.class_weight is not None:  # set on the last output, the flag: out of scope too
             self.class_weight[-2] = self.class_weight[-1]
-
-    def loss_sum(self, model, idx, autocast) -> torch.Tensor:
-        collated = self.featurizer.collate([self.feats[i] for i in idx])
-        batch = {k: v.to(self.device) for k, v in collated.items()}
-        y = self.labels[idx].to(self.device)
-        with autocast():
-            logits = model(**batch).float()
-        held = torch.cat([logits[:, :-1].detach(), logits[:, -1:]], dim=1)
-        logits = torch.where((y == self.flag)[:, None], held, logits)
-        return F.cross_entropy(
-            logits, y, weight=self.class_weight, reduction="sum", label_smoothing=self.label_smoothing
-        )
 
 
 class Setup(run.Setup):
