@@ -23,8 +23,8 @@ from reprogate.utils import stats
 from reprogate.utils.jsonl import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
-# Each new candidate -> what it is paired with: the same encoder's recipe without the composed
-# texts, and (mpnet) today's best test accuracy.
+# Each new candidate -> what it is paired with: the same recipe without the lever (the composed
+# texts, the augmented memory, the fixed activation ranges), and the strongest related one.
 PAIRS = {
     "minilm_screened": ("minilm_frozen",),
     "minilm_two_in_one": ("minilm_frozen", "minilm_screened"),
@@ -33,6 +33,12 @@ PAIRS = {
     # and against the texts as out of scope
     "minilm_flagged": ("minilm_frozen", "minilm_screened"),
     "mpnet_flagged": ("mpnet_frozen", "mpnet_screened"),
+    # the neighbour vote whose memory also holds the augmented train variants
+    "ensemble_knn_aug": ("ensemble_knn",),
+    "ensemble_mpnet_knn_aug": ("ensemble_mpnet_knn", "mpnet_frozen"),
+    # activations quantized with fixed ranges: against the per-call int8 graph and the source
+    "ensemble_int8_static": ("ensemble_int8", "ensemble"),
+    "ensemble_mpnet_int8_static": ("ensemble_mpnet_int8", "ensemble_mpnet"),
 }
 DEV = ("validation", "real_dev", "challenge_dev")
 
@@ -73,7 +79,9 @@ def paired_review(base: str, head: str, split: str) -> dict:
 
 def headline(name: str) -> dict:
     sets = json.loads((ROOT / "results" / name / "eval.json").read_text())["sets"]
-    judged = json.loads((ROOT / "results" / "experiments" / "gate.json").read_text())["candidates"].get(name)
+    # A default-pipeline baseline (ensemble) is judged by the default gate, the rest by their own.
+    gates = [ROOT / "results" / "experiments" / "gate.json", ROOT / "results" / "gate.json"]
+    judged = next((c[name] for g in gates if name in (c := json.loads(g.read_text())["candidates"])), None)
     gate = {r["rule"]: r["verdict"] for r in judged["rules"]} | {"passed": judged["passed"]} if judged else {}
     dev_acted = sum(r["route"] == "act" for r in predictions(name, "challenge_dev"))
     return {
@@ -88,7 +96,17 @@ def headline(name: str) -> dict:
         "oos_fp": sets["oos_test"]["false_positive_action_rate"],
         "coverage": sets["test"]["coverage"],
         "gate": gate,
+        **export_agreement(name),
     }
+
+
+def export_agreement(name: str) -> dict:
+    """An export's agreement with its source on test (the gate's export rule), else nothing."""
+    record = ROOT / "metrics" / name / "export.json"
+    if not record.is_file():
+        return {}
+    test = json.loads(record.read_text())["agreement"]["test"]
+    return {"export_agreement": test["share"], "export_differ": test["n"] - test["agree"]}
 
 
 def interval(r: dict) -> str:
@@ -147,6 +165,10 @@ def main() -> None:
             print(f"{m}: not judged yet by the experiments' gate (dvc repro experiments/dvc.yaml:gate)")
         else:
             print(f"{m}: gate {'passed' if h['gate']['passed'] else 'fails ' + ', '.join(failed)}")
+    for m, h in out["candidates"].items():
+        if "export_agreement" in h:
+            share, differ = h["export_agreement"], h["export_differ"]
+            print(f"{m}: agrees with its source on test {share:.4f} ({differ} differ)")
     print(f"bench-screened: wrote bench/results/screened.json (commit {out['commit']})")
 
 

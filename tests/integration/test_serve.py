@@ -734,6 +734,10 @@ def test_an_ensemble_with_a_neighbour_vote_answers_as_it_was_evaluated(tmp_path)
     for bad, said in (
         ({"member": "other"}, "ensemble.neighbours.member is 'other', which is not one of"),
         ({"member": "tiny"}, "ensemble.neighbours.member 'tiny' is of family ngram"),
+        (
+            {"member": "frozen", "augmented": True},
+            "ensemble.neighbours.augmented is true but the data spec specs/data/home.yaml has no 'augment'",
+        ),
     ):
         spec = {"kind": "model", "data": "specs/data/home.yaml", "family": "ensemble",
                 "ensemble": {"members": ["tiny", "frozen"], "neighbours": bad}}  # fmt: skip
@@ -742,6 +746,28 @@ def test_an_ensemble_with_a_neighbour_vote_answers_as_it_was_evaluated(tmp_path)
             load_spec(root / "specs/models/bad.yaml", ModelSpec)
         proc = run_cli("validate", "specs/models/bad.yaml", cwd=root)
         assert proc.returncode != 0 and said in proc.stdout + proc.stderr and "Traceback" not in proc.stderr
+
+    # neighbours.augmented: the memory also holds the augmented variants, labelled as their
+    # source rows, and a query spelled like a variant finds it.
+    from reprogate.data.augment import augment
+    from reprogate.specs.data import DataSpec
+
+    data = root / "specs/data/home.yaml"
+    data.write_text(data.read_text() + "augment: {seed: 0}\n")
+    augment(root, load_spec(data, DataSpec))
+    variants = read_jsonl(root / "data/augmented/train.jsonl")
+    write_model_spec(
+        root, "near_aug", {"kind": "model", "data": "specs/data/home.yaml", "family": "ensemble",
+                           "ensemble": {"members": ["tiny", "frozen"],
+                                        "neighbours": {**near, "augmented": True}}},
+    )  # fmt: skip
+    combine.combine(root, "near_aug")
+    memory = load_file(str(root / "models/near_aug" / MEMORY))["label"]
+    assert memory.shape == (len(train_rows) + len(variants),)
+    labels = json.loads((root / "models/near_aug/labels.json").read_text())
+    assert [labels[i] for i in memory[len(train_rows) :]] == [v["label"] for v in variants]
+    vote = Scorer(root, "near_aug").featurizer.encode([variants[0]["text"]])[0, 2]
+    assert labels[int(vote.argmax())] == variants[0]["label"]
 
 
 def test_a_model_trained_on_a_device_this_host_lacks_is_rescored_where_the_user_says(project, monkeypatch):

@@ -299,3 +299,84 @@ def test_float_after_names_only_operators_it_knows():
 
     with pytest.raises(ValidationError, match="float_after"):
         ExportConfig(source="x", float_after=["Gelus"])
+
+
+def _per_row_block(path: Path) -> None:
+    """Rows of any batch: x @ up, then the product of that activation with its own transpose
+    (attention's shape: two activations), then @ down."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    up, down = (
+        numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), n) for n in ("up", "down")
+    )
+    nodes = [
+        helper.make_node("MatMul", ["x", "up"], ["h"], name="up_projection"),
+        helper.make_node("Transpose", ["h"], ["ht"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["h", "ht"], ["a"], name="scores"),
+        helper.make_node("MatMul", ["a", "h"], ["c"], name="mix"),
+        helper.make_node("MatMul", ["c", "down"], ["y"], name="down_projection"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "per_row",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 5, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 5, 8])],
+        initializer=[up, down],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
+    onnx.save(model, str(path))
+
+
+def test_a_static_int8_export_quantizes_weight_products_and_answers_a_row_alike_in_any_batch(tmp_path):
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    from reprogate.export.onnx_file import _quantize_static
+    from reprogate.specs.families.export import ExportConfig
+
+    _per_row_block(tmp_path / "fp32.onnx")
+    rng = np.random.default_rng(1)
+    sample = [{"x": rng.standard_normal((4, 5, 8)).astype(np.float32)} for _ in range(3)]
+    config = ExportConfig(source="x", quantize="int8_static")
+    _quantize_static(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", config, sample)
+    nodes = onnx.load(str(tmp_path / "int8.onnx")).graph.node
+    # The two weight products are int8; the two products of activations stay float, as the
+    # dynamic quantizer leaves them.
+    assert sorted(n.name for n in nodes if n.op_type == "MatMul") == ["mix", "scores"]
+    assert len([n for n in nodes if n.op_type == "QLinearMatMul"]) == 2
+
+    # How close it stays to its source is what the stage measures (metrics/<m>/export.json).
+    run = ort.InferenceSession(str(tmp_path / "int8.onnx"), providers=["CPUExecutionProvider"])
+    rows = rng.standard_normal((6, 5, 8)).astype(np.float32)
+    together = run.run(None, {"x": rows})[0]
+    for i in range(len(rows)):  # scales are fixed: a row's answer does not depend on its batch
+        assert np.array_equal(run.run(None, {"x": rows[i : i + 1]})[0][0], together[i])
+
+
+def test_a_static_int8_export_needs_sample_texts():
+    from reprogate.export.onnx_file import sample_feeds
+
+    with pytest.raises(ValueError, match="sample texts"):
+        sample_feeds([], [], 16)
+
+
+@pytest.mark.parametrize(
+    "given", [{"float_after": ["Gelu"]}, {"per_channel": False}, {"reduce_range": False}]
+)
+def test_an_int8_setting_on_a_float_export_is_refused_not_ignored(given):
+    from pydantic import ValidationError
+
+    from reprogate.specs.families.export import ExportConfig
+
+    with pytest.raises(
+        ValidationError, match=f"quantize is none, so {next(iter(given))} would change nothing"
+    ):
+        ExportConfig(source="x", quantize="none", **given)
+    ExportConfig(source="x", quantize="int8_static", **given)  # where they apply, they are read
+    # A saved float spec (every field, defaults included) reads back.
+    saved = ExportConfig(source="x", quantize="none").model_dump()
+    assert ExportConfig.model_validate(saved).quantize == "none"

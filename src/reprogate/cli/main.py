@@ -263,7 +263,11 @@ def _add_serve(sub) -> None:
 
 def _add_verify(sub) -> None:
     ve = sub.add_parser(
-        "verify", help="rebuild a commit from nothing here and say, per output, if it reproduced"
+        "verify",
+        help="rebuild a commit from nothing here and say, per output, if it reproduced",
+        epilog="exit status: 0 every output bitwise and every decision held; 1 some outputs only "
+        "within tolerance; 3 an output different or missing; 4 a decision changed; 5 the outputs "
+        "reproduced but a decision could not be checked (the line says why and how to get it)",
     )
     ve.add_argument("rev", nargs="?", default="HEAD", help="the commit (default HEAD)")
     ve.add_argument("--rebuilt", help="compare this folder, already rebuilt (a fresh clone after make repro)")

@@ -13,6 +13,7 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from reprogate.data.prepared import splits, texts, write_features
@@ -26,6 +27,7 @@ from reprogate.records.base import write
 from reprogate.records.export import Agreement, ExportRecord
 from reprogate.records.train import Fingerprint, ModelConfig
 from reprogate.specs.base import spec_hash
+from reprogate.specs.families.export import STATIC_SAMPLE
 from reprogate.specs.loader import load_spec
 from reprogate.specs.model import ModelSpec
 from reprogate.utils import paths
@@ -51,13 +53,24 @@ def _assets(out: Path, inputs: list[Input]) -> None:
     (out / INPUTS).write_text(json.dumps(inputs_json, indent=2) + "\n")
 
 
+def static_sample(root: Path, spec: ModelSpec) -> list[str] | None:
+    """The train texts an int8_static export fixes its activation ranges on: a sample seeded by
+    the spec's seed, never a set the candidate is judged or calibrated on."""
+    if spec.export is None or spec.export.quantize != "int8_static":
+        return None
+    train = texts(root, "train")
+    rng = np.random.default_rng(spec.seed)
+    picked = rng.choice(len(train), min(STATIC_SAMPLE, len(train)), replace=False)
+    return [train[i] for i in sorted(picked)]
+
+
 def write_folder(root: Path, name: str, spec: ModelSpec, source: Scorer) -> None:
     """models/<name>/: model.onnx, its inputs and tokenizers, labels, config, fingerprint."""
     out = root / paths.model_dir(name)
     clear(out)  # a model folder's files; model.onnx is written whole below
     graph, inputs = build_graph(source)
     _assets(out, inputs)
-    to_onnx(graph, inputs, out / ONNX, spec.export)
+    to_onnx(graph, inputs, out / ONNX, spec.export, static_sample(root, spec))
     (out / "labels.json").write_text(json.dumps(source.labels, indent=1, ensure_ascii=False) + "\n")
     key = {
         "family": "export",
@@ -103,6 +116,15 @@ def export(root: Path, name: str, log=print) -> ExportRecord:
         source_version=identity["source_version"],
         format=spec.export.format,
         quantize=spec.export.quantize,
+        **(
+            {}
+            if spec.export.quantize == "none"
+            else {
+                "per_channel": spec.export.per_channel,
+                "reduce_range": spec.export.reduce_range,
+                "float_after": spec.export.float_after,
+            }
+        ),
         opset=spec.export.opset,
         runtime=identity["runtime"],
         file_bytes=(root / paths.model_dir(name) / ONNX).stat().st_size,

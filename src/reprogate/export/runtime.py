@@ -62,6 +62,12 @@ class Preprocess:
             self.grams = (tuple(cfg["word_ngrams"]), tuple(cfg["char_ngrams"]), cfg["buckets"])
 
     @classmethod
+    def of_input(cls, member: str, kind: str, config: dict, files: dict[str, bytes]) -> Preprocess:
+        """A member's preprocessing from what the exporter declares (export/graph.Input)."""
+        tokenizer = files.get("tokenizer.json")
+        return cls(member, kind, config, tokenizer.decode("utf-8") if tokenizer is not None else None)
+
+    @classmethod
     def of(cls, files: Files, spec: dict) -> Preprocess:
         """A member's preprocessing as assets/inputs.json of an export folder declares it."""
         tokenizer = f"assets/{spec['member']}/tokenizer.json"
@@ -76,6 +82,20 @@ class Preprocess:
     def feed(self, rows: list[list[int]]) -> dict[str, np.ndarray]:
         ids, mask = padded(rows, np.int64 if self.kind == "tokens" else np.float32)
         return {f"{self.member}.ids": ids, f"{self.member}.mask": mask}
+
+
+def batches(members: list[Preprocess], texts: list[str], batch: int):
+    """(row indices, the graph's inputs) per call: the canonical texts sorted by length, so
+    padding stays small, `batch` at a time."""
+    texts = [canonical(t) for t in texts]
+    rows = [m.rows(texts) for m in members]
+    order = sorted(range(len(texts)), key=lambda i: sum(len(r[i]) for r in rows))
+    for s in range(0, len(order), batch):
+        idx = order[s : s + batch]
+        feed: dict[str, np.ndarray] = {}
+        for m, r in zip(members, rows, strict=True):
+            feed |= m.feed([r[i] for i in idx])
+        yield idx, feed
 
 
 def declared_bytes(graph_bytes: bytes) -> int:
@@ -189,15 +209,8 @@ class Runtime:
 
     def logits(self, texts: list[str]) -> np.ndarray:
         """[len(texts), classes] float32 logits of the canonical form of each text."""
-        texts = [canonical(t) for t in texts]
-        rows = [m.rows(texts) for m in self.members]
-        order = sorted(range(len(texts)), key=lambda i: sum(len(r[i]) for r in rows))
         out: np.ndarray | None = None
-        for s in range(0, len(order), self.batch):
-            idx = order[s : s + self.batch]
-            feed: dict[str, np.ndarray] = {}
-            for m, r in zip(self.members, rows, strict=True):
-                feed |= m.feed([r[i] for i in idx])
+        for idx, feed in batches(self.members, texts, self.batch):
             got = self.session.run([self.output], feed)[0]
             if out is None:
                 out = np.empty((len(texts), got.shape[1]), np.float32)

@@ -175,6 +175,10 @@ class EnsembleFeaturizer:
         """The neighbours member's cached embeddings of a prepared split."""
         return self._near_member().split_features(name)
 
+    def encode_near(self, texts: list[str]) -> torch.Tensor:
+        """The neighbours member's embeddings of texts it has no cached features of."""
+        return self._near_member().featurizer.encode(texts)
+
     def collate(self, feats) -> dict[str, torch.Tensor]:
         return {"logp": torch.stack(list(feats))}
 

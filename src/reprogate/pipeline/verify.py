@@ -44,6 +44,9 @@ from reprogate.utils.errors import UserError
 EXIT = {"bitwise": 0, "within tolerance": 1, "different": 3, "missing": 3}
 # A decision that moved (an intent, a route, a gate verdict) is worse than any bits.
 DECISIONS_CHANGED = 4
+# Outputs bitwise or within tolerance, but a decision could not be compared (the commit's
+# predictions in no cache, say): a caller must not read that as "held".
+DECISIONS_UNCHECKED = 5
 # The largest difference of a JSON number still called equal (docs/reproducibility.md says why).
 DEFAULT_TOLERANCE = 1e-6
 
@@ -286,5 +289,10 @@ def verify(
         f"tolerance, {counts['different']} different, {counts['missing']} missing of {len(verdicts)} "
         f"outputs; decisions {decisions.summary(held)}"
     )
-    status = DECISIONS_CHANGED if decisions.summary(held) == "changed" else EXIT[worst]
+    said = decisions.summary(held)
+    status = EXIT[worst]
+    if said == "changed":
+        status = DECISIONS_CHANGED
+    elif said == "unchecked" and status < EXIT["different"]:
+        status = DECISIONS_UNCHECKED
     return status, "\n".join(lines)

@@ -64,11 +64,18 @@ def fit_weights(logp: torch.Tensor, gold: torch.Tensor, k: int) -> tuple[Ensembl
 
 
 def neighbours_memory(root: Path, feat: EnsembleFeaturizer, labels: list[str]) -> Neighbours:
-    """The neighbour vote's memory: the frozen member's embeddings of the train partition, and of
-    the negatives (as out of scope) when the members have an out-of-scope class. Never the
-    calibration partition, on which the vote's weight is fitted."""
+    """The neighbour vote's memory: the frozen member's embeddings of the train partition, of its
+    augmented variants when neighbours.augmented says so (encoded here: the member's features
+    cover them only if it trained on them), and of the negatives (as out of scope) when the
+    members have an out-of-scope class. Never the calibration partition, on which the vote's
+    weight is fitted."""
+    assert feat.near is not None
     embeddings = feat.member_split("train")
     gold = torch.from_numpy(gold_indices(rows(root, "train"), labels))
+    if feat.near.augmented:
+        variants = rows(root, "augmented")
+        embeddings = torch.cat([embeddings, feat.encode_near([r["text"] for r in variants])])
+        gold = torch.cat([gold, torch.from_numpy(gold_indices(variants, labels))])
     if OOS_LABEL in labels:
         negatives = feat.member_split("negatives")
         embeddings = torch.cat([embeddings, negatives])

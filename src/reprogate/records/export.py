@@ -20,7 +20,11 @@ class ExportRecord(Record):
     source: str
     source_version: str  # NAME@<12 hex> of the source's weights (and members')
     format: Literal["onnx"]
-    quantize: Literal["none", "int8"]
+    quantize: Literal["none", "int8", "int8_static"]
+    # How the products were quantized (the export spec's fields; None for a float32 graph)
+    per_channel: bool | None = None
+    reduce_range: bool | None = None
+    float_after: list[str] = []
     opset: int
     runtime: dict[str, str]  # onnxruntime, onnx and torch versions that built and scored it
     file_bytes: int  # model.onnx

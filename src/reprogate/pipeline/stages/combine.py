@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from reprogate.pipeline.context import Context, Result
-from reprogate.specs.pipeline import Pipeline
-from reprogate.utils.paths import TRAIN_FILES
+from reprogate.specs.pipeline import Pipeline, augments
+from reprogate.utils.paths import AUGMENTED, TRAIN_FILES
 
 PER_MODEL = "built"
 NUMERIC = True  # its outputs are floats: it reruns when params.yaml's numerics change
@@ -24,8 +24,11 @@ def dvc(p: Pipeline) -> dict[str, Any]:
         for i in range(MAX_MEMBERS)
         for f in ("model.safetensors", "calibration.json")
     ]
+    # The augmented rows, whenever the data spec makes them: a neighbour memory may hold them
+    # (ensemble.neighbours.augmented), and one declaration serves every ensemble.
+    augmented = [AUGMENTED.parent.as_posix()] if augments(p) else []
     return {
-        "deps": ["data/prepared", *members],
+        "deps": ["data/prepared", *augmented, *members],
         "params": [{"specs/models/${key}.yaml": None}],
         "outs": [
             "data/features/${key}",

@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from reprogate.specs.base import ModelName, PosInt, Strict
+from reprogate.specs.data import DataSpec
 from reprogate.specs.family import Family, Refused
 from reprogate.specs.loader import load_spec
 from reprogate.specs.model import ModelSpec
@@ -29,6 +30,13 @@ class NeighboursConfig(Strict):
         le=1.0,
         description="Softmax temperature over the neighbours' cosine similarities: the smaller, the "
         "more the closest neighbours count.",
+    )
+    augmented: bool = Field(
+        False,
+        description="Also hold the member's embeddings of the data spec's augmented variants of the "
+        "train rows (stage augment: typos, casing, fillers...), labelled as their source rows, so "
+        "everyday spellings find neighbours of their own kind. Encoded once by combine; the data "
+        "spec needs an `augment` section.",
     )
 
 
@@ -106,4 +114,11 @@ class Ensemble(Family):
                 f"ensemble.neighbours.member '{near.member}' is of family {member.family} and caches no "
                 "sentence embeddings; the neighbours are searched in cached embeddings, which only a "
                 "frozen encoder has: name a member of family encoder with mode frozen",
+            )
+        if near.augmented and load_spec(root / spec.data, DataSpec).augment is None:
+            raise Refused(
+                ("ensemble", "neighbours", "augmented"),
+                f"ensemble.neighbours.augmented is true but the data spec {spec.data} has no 'augment' "
+                "section, so there are no augmented rows to hold; add one there (e.g. `augment: "
+                "{seed: 0}`) or set augmented to false",
             )

@@ -10,13 +10,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from reprogate.specs.base import ModelName, PosInt, Strict
 from reprogate.specs.family import Family, Refused
 from reprogate.specs.loader import load_spec
 from reprogate.specs.model import ModelSpec
 from reprogate.utils import paths
+
+# Train texts whose activation ranges fix an int8_static export's scales.
+STATIC_SAMPLE = 512
+# What says how int8 products are made, and means nothing to a float32 graph.
+INT8_ONLY = ("per_channel", "reduce_range", "float_after")
 
 
 class ExportConfig(Strict):
@@ -26,10 +31,12 @@ class ExportConfig(Strict):
         "into one ONNX graph from text features to the ensemble's logits."
     )
     format: Literal["onnx"] = "onnx"
-    quantize: Literal["none", "int8"] = Field(
+    quantize: Literal["none", "int8", "int8_static"] = Field(
         "int8",
         description="int8: ONNX Runtime's dynamic quantization of the graph's matrix products "
-        "(weights int8 once, activations per call). none: the float32 graph.",
+        "(weights int8 once, activations per call). int8_static: activations too are quantized "
+        f"with ranges fixed once, the float graph's minimum and maximum over {STATIC_SAMPLE} texts "
+        "of the train partition (a seeded sample). none: the float32 graph.",
     )
     per_channel: bool = Field(True, description="int8: one scale per output channel of a weight.")
     reduce_range: bool = Field(
@@ -49,10 +56,24 @@ class ExportConfig(Strict):
         None,
         le=4096,
         description="Texts per runtime call, sorted by length. Default 16 for float32 (a request of 64 "
-        "queries runs as 4 calls: less padding, 1.8x the q/s of one call of 64 here); 1 for int8, "
-        "whose activation scales are computed per call, so that a query's answer never depends on "
-        "what it is batched with and the gate judges exactly what a lone query gets.",
+        "queries runs as 4 calls: less padding, 1.8x the q/s of one call of 64 here) and for "
+        "int8_static, whose scales are fixed; 1 for int8, whose activation scales are computed per "
+        "call, so that a query's answer never depends on what it is batched with and the gate "
+        "judges exactly what a lone query gets.",
     )
+
+    @model_validator(mode="after")
+    def _quantized_only(self) -> ExportConfig:
+        # A float32 graph has no int8 products: a setting for them would be read by no one. Only
+        # values other than the defaults are refused, so a saved spec (every field) reads back.
+        defaults = {f: type(self).model_fields[f].get_default(call_default_factory=True) for f in INT8_ONLY}
+        given = [f for f in INT8_ONLY if getattr(self, f) != defaults[f]]
+        if self.quantize == "none" and given:
+            raise ValueError(
+                f"quantize is none, so {', '.join(given)} would change nothing (they say how the int8 "
+                "products are made); remove them, or set quantize to int8 or int8_static"
+            )
+        return self
 
     @property
     def calls_of(self) -> int:
