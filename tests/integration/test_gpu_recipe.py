@@ -14,6 +14,11 @@ import yaml
 
 from tests.conftest import REPO, make_home_project, run_cli, write_model_spec, write_tiny_bert
 
+# Minutes of one worker (the recipe trained, resume-checked and exported twice): the long tier,
+# which CI runs after `make test` (docs/testing.md). The cheaper forms stay in the first tier:
+# test_train's kill-point property, test_export's float32 and int8 exports.
+pytestmark = pytest.mark.long
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TINY_BERT = "encoders/tiny_bert"
 CPU_HOST = {"CUDA_VISIBLE_DEVICES": ""}  # what a home server without a GPU sees

@@ -70,12 +70,14 @@ def runs(tmp_path_factory) -> dict[tuple[str, str], dict[str, str]]:
     return out
 
 
+@pytest.mark.long  # four pipeline runs (docs/testing.md); doctor's per-op check stays in make test
 def test_unpinned_runs_change_bits_with_the_cpu(runs):
     a, b = runs["native", "this"], runs["native", "older_cpu"]
     differ = {f for f in a if a[f] != b[f]}
     assert "models/tiny/model.safetensors" in differ and any("optimizer" in f for f in differ), differ
 
 
+@pytest.mark.long  # four pipeline runs (docs/testing.md); doctor's per-op check stays in make test
 def test_pinned_runs_are_bitwise_equal_across_cpus(runs):
     assert runs["x86-64-v3", "this"] == runs["x86-64-v3", "older_cpu"]
 

@@ -914,6 +914,7 @@ def _rss_mb(pid: int) -> float:
     return int(next(x for x in status.splitlines() if x.startswith("VmRSS")).split()[1]) / 1024
 
 
+@pytest.mark.long  # a soak of fifty reloads (docs/testing.md); one reload and a rollback stay in make test
 def test_fifty_hot_reloads_keep_the_servers_memory_flat(tmp_path):
     """Each reload of `reprogate serve` used to keep its predecessor's encoder alive in reference
     cycles until a full collection, rare in a process this size (~70 MB a reload for the default
