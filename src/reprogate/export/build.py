@@ -27,7 +27,7 @@ from reprogate.records.base import write
 from reprogate.records.export import Agreement, ExportRecord
 from reprogate.records.train import Fingerprint, ModelConfig
 from reprogate.specs.base import spec_hash
-from reprogate.specs.families.export import STATIC_SAMPLE
+from reprogate.specs.families.export import INT8_ONLY, STATIC_SAMPLE
 from reprogate.specs.loader import load_spec
 from reprogate.specs.model import ModelSpec
 from reprogate.utils import paths
@@ -116,15 +116,7 @@ def export(root: Path, name: str, log=print) -> ExportRecord:
         source_version=identity["source_version"],
         format=spec.export.format,
         quantize=spec.export.quantize,
-        **(
-            {}
-            if spec.export.quantize == "none"
-            else {
-                "per_channel": spec.export.per_channel,
-                "reduce_range": spec.export.reduce_range,
-                "float_after": spec.export.float_after,
-            }
-        ),
+        **({} if spec.export.quantize == "none" else spec.export.model_dump(include=set(INT8_ONLY))),
         opset=spec.export.opset,
         runtime=identity["runtime"],
         file_bytes=(root / paths.model_dir(name) / ONNX).stat().st_size,

@@ -10,6 +10,7 @@ which neighbours are nearest, and it is a lookup, not where the time goes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import tempfile
 import warnings
@@ -44,9 +45,8 @@ def to_onnx(
     dims = tuple({0: "batch", 1: f"{spec.member}_length"} for spec in inputs for _ in range(2))
     with tempfile.TemporaryDirectory(prefix="reprogate-onnx-") as tmp:
         fp32 = Path(tmp) / "fp32.onnx"
-        quiet = logging.getLogger("torch.onnx")  # "torchvision is not installed", per operator
-        level, quiet.level = quiet.level, logging.ERROR
-        with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
+        # "torchvision is not installed", per operator
+        with _quiet("torch.onnx"), warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
             warnings.simplefilter("ignore")  # the exporter's deprecation chatter, not the user's
             torch.onnx.export(
                 graph,
@@ -60,8 +60,7 @@ def to_onnx(
                 external_data=False,
                 verbose=False,
             )
-        quiet.setLevel(level)
-        _strip_shapes(fp32)
+        _strip_annotations(fp32)
         if config.quantize == "none":
             out.write_bytes(fp32.read_bytes())
         elif config.quantize == "int8_static":
@@ -70,7 +69,19 @@ def to_onnx(
             _quantize(fp32, out, config)
 
 
-def _strip_shapes(path: Path) -> None:
+@contextlib.contextmanager
+def _quiet(logger: str | None):
+    """A library's logger (None: the root one) at ERROR while the block runs, as it was after."""
+    log = logging.getLogger(logger)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def _strip_annotations(path: Path) -> None:
     """Drop the exporter's intermediate shape annotations: ONNX's shape inference, which the
     quantizer runs, recomputes them and refuses some of the exporter's (a transposed weight).
     Drop its per-node metadata too: each node's Python stack trace, with the absolute path and
@@ -120,7 +131,7 @@ def sample_feeds(inputs: list[Input], sample: list[str], batch: int) -> list[dic
 def _quantize_static(fp32: Path, out: Path, config: ExportConfig, feeds: list[dict[str, np.ndarray]]) -> None:
     """int8 weights and activations, each activation's range fixed once from the minimum and
     maximum the float graph reaches on `feeds` (ONNX Runtime's MinMax calibration), so a text's
-    answer never depends on what it is batched with."""
+    quantization never depends on what it is batched with."""
     import onnx
     from onnxruntime.quantization import (
         CalibrationDataReader,
@@ -137,25 +148,22 @@ def _quantize_static(fp32: Path, out: Path, config: ExportConfig, feeds: list[di
         def get_next(self):
             return next(self.feeds, None)
 
-    advice = logging.getLogger()  # "consider pre-processing": shape inference already ran
-    level = advice.level
-    advice.setLevel(logging.ERROR)
-    quantize_static(
-        str(fp32),
-        str(out),
-        Sample(),
-        # QOperator: int8 weights stored as such; QDQ's DequantizeLinear of each weight would
-        # fold to float at load (and is refused by export/runtime.declared_bytes).
-        quant_format=QuantFormat.QOperator,
-        activation_type=QuantType.QUInt8,
-        weight_type=QuantType.QInt8,
-        per_channel=config.per_channel,
-        reduce_range=config.reduce_range,
-        op_types_to_quantize=["MatMul", "Gemm"],
-        nodes_to_exclude=_kept_float(onnx.load(str(fp32)), config, weights_only=True),
-        calibrate_method=CalibrationMethod.MinMax,
-    )
-    advice.setLevel(level)
+    with _quiet(None):  # the root logger's "consider pre-processing": shape inference already ran
+        quantize_static(
+            str(fp32),
+            str(out),
+            Sample(),
+            # QOperator: int8 weights stored as such; QDQ's DequantizeLinear of each weight would
+            # fold to float at load (and is refused by export/runtime.declared_bytes).
+            quant_format=QuantFormat.QOperator,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+            per_channel=config.per_channel,
+            reduce_range=config.reduce_range,
+            op_types_to_quantize=["MatMul", "Gemm"],
+            nodes_to_exclude=_kept_float(onnx.load(str(fp32)), config, weights_only=True),
+            calibrate_method=CalibrationMethod.MinMax,
+        )
 
 
 def _quantize(fp32: Path, out: Path, config: ExportConfig) -> None:
