@@ -78,5 +78,23 @@ def test_status_says_each_pipeline_is_up_to_date_or_what_builds_it(home_pipeline
     _edit(root, "predict/calibration.py", lambda s: s + "\nBINS_NOTE = 15\n")
     env = {"PYTHONPATH": str(root / "src")}
     said = run_cli("status", cwd=root, env=env)
-    assert said.returncode == 1 and "out of date or not built" in said.stdout
-    assert "calibrate/ngram (its code)" in said.stdout and "`make repro` builds them" in said.stdout
+    assert said.returncode == 1 and "stage(s) out of date (" in said.stdout
+    assert "calibrate@tiny (its code)" in said.stdout and "`make repro` builds them" in said.stdout
+    assert "not built here" not in said.stdout  # every output is here: what changed is the code
+
+
+def test_status_tells_a_fresh_clone_apart_from_a_changed_workspace(home_pipeline, tmp_path):
+    # A fresh clone has no outputs and no cache: its stages are not built here, and nothing is
+    # out of date, since the lock describes them as committed. A changed spec is out of date.
+    from tests.conftest import run_cli
+
+    fresh = tmp_path / "fresh"
+    subprocess.run(["git", "clone", "-q", str(home_pipeline), str(fresh)], check=True)
+    said = run_cli("status", cwd=fresh)
+    assert said.returncode == 1, said.stdout + said.stderr
+    assert "stage(s) not built here, inputs as committed (" in said.stdout and "out of date" not in said.stdout
+    spec = fresh / "specs/models/tiny.yaml"
+    spec.write_text(spec.read_text().replace("seed: 3", "seed: 5"))
+    said = run_cli("status", cwd=fresh)
+    assert said.returncode == 1 and "2 stage(s) out of date (resume_check@tiny, train@tiny)" in said.stdout
+    assert "not built here, inputs as committed (calibrate@duo" in said.stdout, said.stdout
