@@ -92,7 +92,9 @@ def test_status_tells_a_fresh_clone_apart_from_a_changed_workspace(home_pipeline
     subprocess.run(["git", "clone", "-q", str(home_pipeline), str(fresh)], check=True)
     said = run_cli("status", cwd=fresh)
     assert said.returncode == 1, said.stdout + said.stderr
-    assert "stage(s) not built here, inputs as committed (" in said.stdout and "out of date" not in said.stdout
+    assert (
+        "stage(s) not built here, inputs as committed (" in said.stdout and "out of date" not in said.stdout
+    )
     spec = fresh / "specs/models/tiny.yaml"
     spec.write_text(spec.read_text().replace("seed: 3", "seed: 5"))
     said = run_cli("status", cwd=fresh)
