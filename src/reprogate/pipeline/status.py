@@ -20,20 +20,16 @@ BUILDS = {"default": "make repro", "experiments": "make repro-experiments"}
 MISSING = {"deleted", "not in cache"}  # what dvc says of a file that is not here
 
 
-def _locks(root: Path) -> dict[str, dict]:
-    """Every stage of the project's dvc.lock files, by the address `dvc status` gives it."""
+def _locks(root: Path) -> dict[str, dict[str, dict]]:
+    """Per pipeline, every stage of its dvc.lock, by the address `dvc status` gives it."""
     out = {}
     for part in parts(root):
         target = dvc_cli.pipeline_file(part)
         lock = root / target.with_suffix(".lock")
         prefix = "" if part == "default" else f"{target.as_posix()}:"
         text = lock.read_text() if lock.is_file() else ""
-        out |= {prefix + name: s for name, s in dvc_cli.lock_stages(text).items()}
+        out[part] = {prefix + name: s for name, s in dvc_cli.lock_stages(text).items()}
     return out
-
-
-def _produced(locks: dict[str, dict]) -> list[str]:
-    return [o["path"] for s in locks.values() for o in s.get("outs", [])]
 
 
 def _only_missing(changes: list, produced: list[str]) -> bool:
@@ -53,11 +49,11 @@ def _only_missing(changes: list, produced: list[str]) -> bool:
     return True
 
 
-def _moved(root: Path, locks: dict[str, dict]) -> set[str]:
+def _moved(root: Path, stages: dict[str, dict]) -> set[str]:
     """The stages whose code no longer means what their committed identity says (a plain `git
     status` cannot tell, and DVC only finds out when stage `code` has run)."""
     files = {f"{paths.CODE}/{identity}.json" for identity in code.stale(root)}
-    return {name for name, s in locks.items() if files & {d["path"] for d in s.get("deps", [])}}
+    return {name for name, s in stages.items() if files & {d["path"] for d in s.get("deps", [])}}
 
 
 def _listed(names: list[str], target: Path) -> str:
@@ -70,12 +66,12 @@ def status(root: Path) -> tuple[list[str], bool]:
     """(a line per pipeline, whether the default one is built and up to date)."""
     lines, clean = [], True
     locks = _locks(root)
-    produced, moved = _produced(locks), _moved(root, locks)
-    for part in parts(root):
+    every = {name: s for stages in locks.values() for name, s in stages.items()}
+    produced, moved = [o["path"] for s in every.values() for o in s.get("outs", [])], _moved(root, every)
+    for part, stages in locks.items():
         target = dvc_cli.pipeline_file(part)
         found = dvc_cli.status(root, target)
-        mine = {n for n in locks if (":" not in n) == (part == "default")}
-        code_moved = moved & mine
+        code_moved = moved & stages.keys()
         stale = sorted({*(n for n, c in found.items() if not _only_missing(c, produced)), *code_moved})
         absent = sorted(n for n in found if n not in stale)
         if part == "default":
