@@ -125,6 +125,15 @@ def test_validate_refuses_a_screened_spec_without_an_out_of_scope_class(project)
     assert "Traceback" not in said.stderr
 
 
+def test_validate_counts_the_composed_rows_in_the_updates_it_says_a_run_takes(project):
+    by_epochs = {k: v for k, v in _spec(project / "specs/models/scr.yaml").items() if k != "steps"}
+    path = write_model_spec(project, "scr_epochs", {**by_epochs, "epochs": 2})
+    spec = load_spec(path, ModelSpec)
+    run = spec.family_def.part("setup")(project, training.Paths.for_model(project, "scr_epochs"))
+    plain = 2 * -(-(len(rows(project, "train")) + len(rows(project, "negatives"))) // 8)
+    assert training.prepared_steps(project, spec, path) == run.total_steps > plain
+
+
 def _spec(path: Path) -> dict:
     import yaml
 

@@ -187,3 +187,69 @@ def test_a_threshold_edit_reruns_only_the_stages_that_judge():
     assert _dependents("src/reprogate/pipeline/rules.py") == {"gate"}
     # ... while the code every stage runs is still every stage's dependency
     assert _dependents("src/reprogate/specs/model.py") >= TRAINING_SIDE - {"augment"}
+
+
+def test_models_whose_features_are_equal_share_one_features_stage_and_no_others_do():
+    from reprogate.specs.pipeline import Pipeline, features_source
+
+    frozen = load_spec(_spec("minilm_frozen"), ModelSpec)
+    screened = load_spec(_spec("minilm_screened"), ModelSpec)
+    other_layers = screened.model_copy(
+        update={
+            "screened": screened.screened.model_copy(
+                update={"encoder": frozen.encoder.model_copy(update={"layers": 3})}
+            )
+        }
+    )
+    augmented = screened.model_copy(update={"augment": True})
+    models = {
+        "minilm_frozen": frozen,
+        "s": screened,
+        "layers3": other_layers,
+        "aug": augmented,
+        "aug2": augmented,
+    }
+    p = Pipeline(REPO, frozen.data, models, "specs/gate.yaml")
+    assert features_source(p, "s") == "minilm_frozen"  # the frozen encoder's embeddings, once
+    assert features_source(p, "minilm_frozen") == "minilm_frozen"
+    assert features_source(p, "layers3") == "layers3"  # other layers pooled: other features
+    assert features_source(p, "aug") == "aug"  # it encodes the augmented rows too
+    assert features_source(p, "aug2") == "aug"
+    ngram = load_spec(_spec("ngram"), ModelSpec)
+    assert (
+        features_source(Pipeline(REPO, ngram.data, {"a": ngram, "b": ngram}, "specs/gate.yaml"), "b") == "b"
+    )
+
+
+def test_a_model_reads_another_models_features_only_where_they_are_the_same_features():
+    """Over both committed pipelines: compile's sharing and the runtime's agree, the stage that
+    writes a model's features is declared once and is a dependency of the model's stages, and
+    its featurizer key and splits are the model's own (checked where the encoder is installed)."""
+    from reprogate import models as families
+    from reprogate.data.prepared import splits
+    from reprogate.models.base import feature_key
+    from reprogate.specs.pipeline import features_name, features_source, load_pipeline
+
+    p = load_pipeline(REPO, "experiments")
+    stages = {}
+    for f in ("dvc.yaml", "experiments/dvc.yaml"):
+        stages.update({(f, n): s for n, s in yaml.safe_load((REPO / f).read_text())["stages"].items()})
+    owners = [m for (_, n), s in stages.items() if n == "features" for m in s["foreach"]]
+    assert len(owners) == len(set(owners))  # no model's features are written by two stages
+    shared = 0
+    for name, spec in p.models.items():
+        if not spec.trained:
+            continue
+        source = features_source(p, name)
+        assert features_name(REPO, name) == source and source in owners
+        for (_, stage), s in stages.items():
+            if stage in ("train", "calibrate", "evaluate", "resume_check") and name in s["foreach"]:
+                assert s["foreach"][name]["features"] == source
+                assert "data/features/${item.features}" in s["do"]["deps"]
+        if source == name or spec.family_def.missing_extra(spec, REPO):
+            continue
+        other = p.models[source]
+        keys = [feature_key(families.build(m, 2, REPO)[1]) for m in (spec, other)]
+        assert keys[0] == keys[1] and splits(REPO, spec) == splits(REPO, other)
+        shared += 1
+    assert shared >= 3  # minilm_screened, minilm_two_in_one and minilm_flagged read minilm_frozen's

@@ -25,6 +25,7 @@ from reprogate.specs.loader import load_spec
 from reprogate.specs.model import ModelSpec
 from reprogate.specs.text import TextSpec
 from reprogate.train import plan as plan_mod
+from reprogate.utils.errors import UserError
 from tests.conftest import REPO
 
 FIXTURE = REPO / "tests" / "fixtures" / "lm" / "corpus.txt"
@@ -196,7 +197,10 @@ def test_a_planned_run_may_take_max_slowdown_times_its_plan():
             committed,
         )
         dog.first_step = 0
-        dog.since = plan_mod.time.perf_counter() - minutes * 60
+        dog.first_at = plan_mod.time.perf_counter() - minutes * 60
+        # A long setup before the first update (encoding, loading) is not held against the
+        # plan, which measured updates only.
+        dog.since = dog.first_at - 30 * 60
         trainer = type("T", (), {"world": 1, "total_steps": 6000})()
         trainer.progress = type("P", (), {"global_step": step})()
         return dog.over_budget(trainer)
@@ -205,6 +209,31 @@ def test_a_planned_run_may_take_max_slowdown_times_its_plan():
     said = over(1.0, 300)  # 200 ms per update: 4x slower, would need 20 min
     assert said and "4.0x slower than the committed plan" in said and "Planner CPU" in said
     assert "reprogate plan gpt --write" in said and "max_slowdown" in said
+
+
+def test_train_refuses_a_committed_plan_by_its_updates_minutes_not_its_setup():
+    spec = ModelSpec.model_validate(
+        {
+            "kind": "model", "data": "specs/data/tinyshakespeare.yaml", "family": "causal_lm",
+            "causal_lm": {}, "budget": {"train_minutes": 5}, "checkpoint": {"every_steps": 500},
+        }
+    )  # fmt: skip
+    committed = _committed_plan(0.05)  # 6,000 x 50 ms: 5 planned minutes, a limit of 15
+
+    def measured(update_s: float, setup_s: float) -> plan_mod.Plan:
+        seconds = setup_s + 6000 * update_s + 13 * 0.01
+        return plan_mod.Plan(
+            device="cpu", total_steps=6000, measured_updates=8, update_s=update_s, checkpoint_s=0.01,
+            checkpoints=13, setup_s=setup_s, peak_rss_gb=1.0, device_peak_gb=None,
+            projected_minutes=seconds / 60, projected_memory_gb=1.1, budget_minutes=15.0,
+            budget_memory_gb=spec.budget.max_memory_gb,
+        )  # fmt: skip
+
+    path = Path("lm/specs/models/gpt.yaml")
+    # 2.8x the plan's updates and ten minutes of setup: its updates fit the 15 minutes.
+    plan_mod.check_budget(measured(0.14, 600.0), spec, path, committed, "gpt")
+    with pytest.raises(UserError, match=r"3\.2x slower than the committed plan"):
+        plan_mod.check_budget(measured(0.16, 0.0), spec, path, committed, "gpt")
 
 
 def test_a_corpus_or_char_vocabulary_past_its_cap_is_refused_before_use(tmp_path):

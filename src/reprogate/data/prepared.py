@@ -2,7 +2,8 @@
 
 data/prepared/<split>.jsonl  what `prepare` wrote (id, text, label), one file per split
 data/features/<m>/           each split turned into model m's inputs once (`features@m`), with a
-                             manifest: the featurizer key and each source split's sha256
+                             manifest: the featurizer key and each source split's sha256; models
+                             whose features are equal read one model's (specs/pipeline.py)
 Readers use a cached split only when its featurizer key and the sha256 of its prepared source
 both match; otherwise they encode the texts again.
 """
@@ -22,6 +23,7 @@ from reprogate.specs.base import OOS_LABEL
 from reprogate.specs.data import DataSpec
 from reprogate.specs.loader import load_spec
 from reprogate.specs.model import ModelSpec
+from reprogate.specs.pipeline import features_name
 from reprogate.utils import paths
 from reprogate.utils.atomic import replace_dir
 from reprogate.utils.errors import UserError
@@ -87,7 +89,7 @@ def splits(root: Path, spec: ModelSpec) -> list[str]:
 
 def split_features(root: Path, name: str, featurizer: Featurizer, split: str):
     """Cached features of a prepared split when they match; freshly encoded otherwise."""
-    folder = root / paths.features_dir(name)
+    folder = root / paths.features_dir(features_name(root, name))
     manifest = folder / "manifest.json"
     source = prepared_file(root, split)
     if manifest.is_file():

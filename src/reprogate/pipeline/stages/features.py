@@ -1,4 +1,5 @@
-"""Stage `features@m`: each prepared split turned into model inputs once, as a DVC output.
+"""Stage `features@m`: each prepared split turned into model inputs once, as a DVC output, for
+m and every model whose features are m's (the same frozen encoder section, data and rows).
 
 ngram: hashed n-gram ids; encoder (full, LoRA): token ids; encoder (frozen): pooled
 embeddings of the frozen encoder, the expensive part. The stage depends only on the spec
@@ -15,6 +16,9 @@ from reprogate.specs.pipeline import Pipeline, augments
 from reprogate.utils import paths
 
 PER_MODEL = "trained"
+# Models whose features are equal (specs/pipeline.features_source) share the first one's stage:
+# mpnet's embeddings are encoded once for every head trained on them, not once per head.
+SHARED = True
 NUMERIC = True  # its outputs are floats: it reruns when params.yaml's numerics change
 
 

@@ -147,17 +147,23 @@ class Encoder(Family):
     build = "reprogate.models.encoder:build"
     assets = "reprogate.models.encoder:export_assets"
 
+    def encoder_of(self, spec: Any) -> tuple[tuple[str, ...], EncoderConfig]:
+        """Where in the spec its encoder section lies, and the section (a family built on this
+        one, such as screened, holds it inside its own)."""
+        return ("encoder",), spec.encoder
+
     def references(self, spec: Any, root: Path) -> None:
+        loc, cfg = self.encoder_of(spec)
         try:
-            resolve_encoder_path(spec.encoder.model, root)
+            resolve_encoder_path(cfg.model, root)
         except MissingExtra:
             pass  # valid; `reprogate validate` says which extra it needs before it runs
         except ValueError as e:
-            raise Refused(("encoder",), str(e)) from None
+            raise Refused(loc, str(e)) from None
 
     def missing_extra(self, spec: Any, root: Path) -> str | None:
         try:
-            resolve_encoder_path(spec.encoder.model, root)
+            resolve_encoder_path(self.encoder_of(spec)[1].model, root)
         except MissingExtra as e:
             return f"make venv EXTRAS={e.extra}"
         except ValueError:
@@ -165,7 +171,12 @@ class Encoder(Family):
         return None
 
     def caches_embeddings(self, spec: Any) -> bool:
-        return spec.encoder.mode == "frozen"
+        return self.encoder_of(spec)[1].mode == "frozen"
+
+    def shared_features(self, spec: Any) -> dict[str, Any] | None:
+        # A frozen encoder's embeddings depend on its section alone; token ids are cheap to redo.
+        cfg = self.encoder_of(spec)[1]
+        return cfg.model_dump(mode="json") if cfg.mode == "frozen" else None
 
     def fingerprint(self, featurizer: Any) -> dict[str, Any]:
         return {"encoder_sha256": featurizer.encoder_sha256}

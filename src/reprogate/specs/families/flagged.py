@@ -13,14 +13,9 @@ Declared as an entry point of this package (pyproject.toml), as screened is."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 from pydantic import Field, model_validator
 
-from reprogate.specs.families.encoder import MissingExtra, resolve_encoder_path
 from reprogate.specs.families.screened import Screened, ScreenedConfig
-from reprogate.specs.family import Refused
 
 
 class FlaggedConfig(ScreenedConfig):
@@ -51,27 +46,4 @@ class Flagged(Screened):
     build = "reprogate.models.flagged:build"
     assets = "reprogate.models.flagged:export_assets"
     setup = "reprogate.train.flagged:Setup"
-
-    def rules(self, spec: Any) -> None:
-        if spec.config.encoder.mode != "frozen":
-            raise ValueError(
-                f"flagged.encoder.mode is '{spec.config.encoder.mode}': the composed texts are encoded "
-                "once by a frozen encoder; use mode: frozen (or family encoder to fine-tune)"
-            )
-
-    def references(self, spec: Any, root: Path) -> None:
-        try:
-            resolve_encoder_path(spec.config.encoder.model, root)
-        except MissingExtra:
-            pass
-        except ValueError as e:
-            raise Refused(("flagged", "encoder"), str(e)) from None
-
-    def missing_extra(self, spec: Any, root: Path) -> str | None:
-        try:
-            resolve_encoder_path(spec.config.encoder.model, root)
-        except MissingExtra as e:
-            return f"make venv EXTRAS={e.extra}"
-        except ValueError:
-            return None
-        return None
+    needs_out_of_scope = False

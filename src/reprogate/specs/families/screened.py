@@ -11,14 +11,12 @@ code."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field, model_validator
 
 from reprogate.specs.base import PosInt, Strict
-from reprogate.specs.families.encoder import Encoder, EncoderConfig, MissingExtra, resolve_encoder_path
-from reprogate.specs.family import Refused
+from reprogate.specs.families.encoder import Encoder, EncoderConfig
 
 
 class ComposeConfig(Strict):
@@ -59,35 +57,21 @@ class Screened(Encoder):
     build = "reprogate.models.screened:build"
     assets = "reprogate.models.screened:export_assets"
     setup = "reprogate.train.screened:Setup"
+    # Where the composed texts go: the out-of-scope class (flagged gives them an output of its own).
+    needs_out_of_scope = True
 
     def rules(self, spec: Any) -> None:
-        if spec.screened.encoder.mode != "frozen":
+        if spec.config.encoder.mode != "frozen":
             raise ValueError(
-                f"screened.encoder.mode is '{spec.screened.encoder.mode}': the composed texts are encoded "
-                "once by a frozen encoder; use mode: frozen (or family encoder to fine-tune)"
+                f"{self.name}.encoder.mode is '{spec.config.encoder.mode}': the composed texts are "
+                "encoded once by a frozen encoder; use mode: frozen (or family encoder to fine-tune)"
             )
-        if not spec.head.out_of_scope_class:
+        if not spec.head.out_of_scope_class and self.needs_out_of_scope:
             raise ValueError(
-                "family screened trains its composed texts as the out-of-scope class, but "
+                f"family {self.name} trains its composed texts as the out-of-scope class, but "
                 "head.out_of_scope_class is false; set it to true"
             )
 
-    def references(self, spec: Any, root: Path) -> None:
-        try:
-            resolve_encoder_path(spec.screened.encoder.model, root)
-        except MissingExtra:
-            pass
-        except ValueError as e:
-            raise Refused(("screened", "encoder"), str(e)) from None
-
-    def missing_extra(self, spec: Any, root: Path) -> str | None:
-        try:
-            resolve_encoder_path(spec.screened.encoder.model, root)
-        except MissingExtra as e:
-            return f"make venv EXTRAS={e.extra}"
-        except ValueError:
-            return None
-        return None
-
-    def caches_embeddings(self, spec: Any) -> bool:
-        return True
+    def encoder_of(self, spec: Any) -> tuple[tuple[str, ...], EncoderConfig]:
+        # The composed texts are encoded by train@m; the prepared splits' features are the encoder's.
+        return (self.name, "encoder"), spec.config.encoder
